@@ -1,0 +1,50 @@
+"""Celery settings for saga workers: every URL from the environment, every default safe.
+
+Why these defaults:
+- JSON only: a pickle message on the queue is code execution waiting to happen.
+- ``task_acks_late`` + ``task_reject_on_worker_lost``: a message is acknowledged only after its
+  task has recorded its outcome (and pushed its undo), so a worker killed mid-step gives the
+  step back to the queue instead of losing it.
+- ``worker_prefetch_multiplier = 1``: a worker holds one unacknowledged message at a time, so a
+  crash strands at most one step until the visibility timeout returns it.
+- The visibility timeout is longer than any time limit or retry delay: otherwise Redis would
+  hand a step still running (or waiting to retry) to a second worker.
+- Task events on, so Flower shows every tool call and compensation as it runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+_redis = os.environ.get("SAGA_REDIS_URL", "redis://localhost:6379/0")
+
+broker_url = os.environ.get("SAGA_BROKER_URL", _redis)
+result_backend = os.environ.get("SAGA_RESULT_BACKEND", broker_url)
+
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+result_accept_content = ["json"]
+
+task_acks_late = True
+task_reject_on_worker_lost = True
+worker_prefetch_multiplier = 1
+
+task_time_limit = int(os.environ.get("SAGA_TASK_TIME_LIMIT", "300"))
+task_soft_time_limit = task_time_limit - 10
+#: Longest retry delay any tool may ask for (RetryPolicy.backoff_max defaults stay below it).
+retry_delay_max = 600
+broker_transport_options = {
+    "visibility_timeout": int(
+        os.environ.get("SAGA_VISIBILITY_TIMEOUT", str(2 * max(task_time_limit, retry_delay_max)))
+    ),
+}
+result_backend_transport_options = broker_transport_options
+result_expires = 24 * 3600
+
+worker_send_task_events = True
+task_send_sent_event = True
+task_track_started = True
+
+broker_connection_retry_on_startup = True
+worker_hijack_root_logger = False

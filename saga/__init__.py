@@ -1,0 +1,75 @@
+"""saga: make an AI agent's tool calls safe to fail.
+
+Each tool call runs as a Celery task; each successful write pushes its undo onto a Redis-backed
+stack; a failure unwinds the stack in reverse order, and past the pivot (the first irreversible
+step) a person gets the whole picture instead.
+"""
+
+from saga.engine import Saga
+from saga.errors import (
+    CallRefusedError,
+    CompensationBuildError,
+    DispatchError,
+    InvalidArgumentsError,
+    NonRetryableToolError,
+    PayloadError,
+    RunEndedError,
+    SagaError,
+    StepFailedError,
+    StepsInFlightError,
+    StepSkippedError,
+    StoreUnavailableError,
+    ToolDefinitionError,
+    UnknownRunError,
+    UnknownToolError,
+    WaitTimeoutError,
+)
+from saga.hooks import SagaHooks
+from saga.model import CompensationState, RunState, StepContext, StepState, ToolClass, Undo
+from saga.records import EscalationRecord, RecordStore, RunRecord
+from saga.retry import RetryPolicy
+from saga.runs import Run, StepHandle
+from saga.settings import Settings
+from saga.stack import RunPicture
+from saga.tools import Tool, ToolRegistry
+
+__all__ = [
+    # Declaring tools
+    "RetryPolicy",
+    "StepContext",
+    "Tool",
+    "ToolClass",
+    "ToolRegistry",
+    "Undo",
+    # Running an agent
+    "Run",
+    "Saga",
+    "SagaHooks",
+    "Settings",
+    "StepHandle",
+    # What a run looks like
+    "CompensationState",
+    "EscalationRecord",
+    "RecordStore",
+    "RunPicture",
+    "RunRecord",
+    "RunState",
+    "StepState",
+    # Errors
+    "CallRefusedError",
+    "CompensationBuildError",
+    "DispatchError",
+    "InvalidArgumentsError",
+    "NonRetryableToolError",
+    "PayloadError",
+    "RunEndedError",
+    "SagaError",
+    "StepFailedError",
+    "StepSkippedError",
+    "StepsInFlightError",
+    "StoreUnavailableError",
+    "ToolDefinitionError",
+    "UnknownRunError",
+    "UnknownToolError",
+    "WaitTimeoutError",
+]

@@ -1,0 +1,235 @@
+"""``Saga``: the one object an application builds, shared by the web app that starts runs and
+the worker that executes them.
+
+It owns the dispatcher (agent call → Celery task, under the pivot rules), the start of an
+unwind (the reverse-order chain of compensation tasks) and a run's conclusion (records first,
+then the fenced state change, so a crash in between only repeats an upsert).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery, chain
+
+from saga import payload, rules
+from saga.constants import CONCLUDE_UNWIND_TASK, tool_task_name
+from saga.errors import (
+    DispatchError,
+    RunEndedError,
+    SagaError,
+    UnknownRunError,
+)
+from saga.hooks import SagaHooks
+from saga.model import RunState
+from saga.records import RecordStore
+from saga.settings import Settings
+from saga.stack import RunPicture, RunStore
+
+if TYPE_CHECKING:
+    from saga.runs import Run, StepHandle
+    from saga.tools import ToolRegistry
+
+logger = logging.getLogger("saga")
+
+#: How often the dispatcher re-reads a run that changed under it before giving up.
+_RESERVE_ATTEMPTS = 100
+
+
+class Saga:
+    """Tools, stack and records for one application, wired to one Celery app."""
+
+    def __init__(
+        self,
+        app: Celery,
+        registry: ToolRegistry,
+        settings: Settings | None = None,
+        hooks: SagaHooks | None = None,
+    ) -> None:
+        from saga.worker import install
+
+        self.app = app
+        self.registry = registry
+        self.settings = settings or Settings.from_env()
+        self.hooks = hooks or SagaHooks()
+        self.store = RunStore.from_url(
+            self.settings.redis_url, self.settings.retention_seconds, **self.settings.redis_options
+        )
+        self._records: RecordStore | None = None
+        install(app, self)
+
+    @property
+    def records(self) -> RecordStore:
+        """Created on first use, so importing the app never touches the database."""
+        if self._records is None:
+            self._records = RecordStore(self.settings.database_url)
+        return self._records
+
+    # -- runs -----------------------------------------------------------------------------
+
+    def start_run(
+        self, run_id: str | None = None, *, allow_reversible_after_pivot: bool = False
+    ) -> Run:
+        from saga.runs import Run
+
+        run_id = run_id or uuid.uuid4().hex
+        if not self.store.create(run_id, allow_reversible_after_pivot):
+            raise SagaError(f"run {run_id} already exists")
+        return Run(self, run_id)
+
+    def run(self, run_id: str) -> Run:
+        """Attach to an existing run (from another process, or after a restart)."""
+        from saga.runs import Run
+
+        if self.store.view(run_id) is None:
+            raise UnknownRunError(f"no run {run_id}")
+        return Run(self, run_id)
+
+    def picture(self, run_id: str) -> RunPicture:
+        picture = self.store.picture(run_id)
+        if picture is None:
+            raise UnknownRunError(f"no run {run_id}")
+        return picture
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def dispatch(self, run_id: str, tool_name: str, args: dict[str, Any]) -> StepHandle:
+        """Turn one agent-chosen call into a Celery task, or refuse it having changed nothing."""
+        from saga.runs import StepHandle
+
+        tool = self.registry.offered(tool_name)
+        assert tool.tool_class is not None
+        wire_args = tool.validate(args)
+        args_json = payload.dumps(
+            wire_args, what=f"arguments of {tool_name}", limit=self.settings.max_payload_bytes
+        )
+        step = self._reserve(run_id, tool_name, tool.tool_class, args_json)
+        try:
+            self.app.send_task(
+                tool_task_name(tool_name),
+                kwargs={"run_id": run_id, "step": step, "args": wire_args},
+                task_id=f"{run_id}:{step}",
+            )
+        except Exception as exc:
+            error = {"type": type(exc).__name__, "message": str(exc)}
+            if self.store.release(run_id, step, error).owns_unwind:
+                self.start_unwind(run_id, f"step:{step}")
+            raise DispatchError(f"the broker did not take {tool_name}: {exc}") from exc
+        return StepHandle(self, run_id, step, tool_name)
+
+    def _reserve(self, run_id: str, tool_name: str, tool_class: Any, args_json: str) -> int:
+        for _ in range(_RESERVE_ATTEMPTS):
+            view = self.store.view(run_id)
+            if view is None:
+                raise UnknownRunError(f"no run {run_id}")
+            rules.check_call(view, tool_name, tool_class)
+            outcome = self.store.reserve(view, tool_name, tool_class, args_json)
+            if outcome.status == "ok":
+                return int(outcome.values[0])
+            if outcome.status == "ended":
+                raise RunEndedError(run_id, str(outcome.values[0]))
+            if outcome.status == "unknown":
+                raise UnknownRunError(f"no run {run_id}")
+        raise SagaError(f"run {run_id} kept changing; call {tool_name} again")
+
+    # -- ending ---------------------------------------------------------------------------
+
+    def complete(self, run_id: str) -> RunPicture:
+        outcome = self.store.conclude(run_id, RunState.COMPLETED)
+        if outcome.status == "unknown":
+            raise UnknownRunError(f"no run {run_id}")
+        if outcome.status == "ended":
+            raise RunEndedError(run_id, str(outcome.values[0]))
+        if outcome.status == "inflight":
+            from saga.errors import StepsInFlightError
+
+            raise StepsInFlightError(run_id, sorted(int(s) for s in outcome.values))
+        picture = self.picture(run_id)
+        self.records.record_run(picture, RunState.COMPLETED.value, "")
+        self._call_hook(self.hooks.on_run_ended, picture, RunState.COMPLETED.value, "")
+        return picture
+
+    def abort(self, run_id: str, reason: str) -> None:
+        outcome = self.store.abort(run_id, f"aborted: {reason}")
+        if outcome.status == "unknown":
+            raise UnknownRunError(f"no run {run_id}")
+        if outcome.status == "ended":
+            raise RunEndedError(run_id, str(outcome.values[0]))
+        if outcome.owns_unwind:
+            self.start_unwind(run_id, "abort")
+
+    def start_unwind(self, run_id: str, owner: str) -> None:
+        """Queue the compensations, most recent first, as one Celery chain ending in
+        ``saga.conclude_unwind``; past the pivot, conclude at once (escalate, no unwinding).
+
+        Only the owner of the unwind calls this. It sends first and marks sent after, so a
+        crash in between makes the redelivered owner send again (the compensations check
+        their recorded state before running), never zero times.
+        """
+        picture = self.picture(run_id)
+        if picture.pivot_step is not None:
+            self.conclude(run_id)
+            return
+        signatures = []
+        for entry in rules.unwind_order(picture.stack):
+            if entry.get("broken"):
+                error = {"type": "CompensationBuildError", "message": entry["description"]}
+                self.store.record_compensation(run_id, int(entry["step"]), "failed", error)
+                continue
+            signatures.append(
+                self.app.signature(
+                    tool_task_name(entry["tool"]),
+                    kwargs={"run_id": run_id, "compensates": entry["step"]},
+                    immutable=True,
+                    task_id=f"{run_id}:{entry['step']}:undo",
+                )
+            )
+        signatures.append(
+            self.app.signature(CONCLUDE_UNWIND_TASK, kwargs={"run_id": run_id}, immutable=True)
+        )
+        chain(*signatures).apply_async()
+        self.store.mark_sent(run_id, owner)
+        logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
+
+    def conclude(self, run_id: str) -> RunState:
+        """End an unwinding run: compensated, or escalated with the whole picture."""
+        picture = self.picture(run_id)
+        if picture.state is not RunState.UNWINDING:
+            return picture.state
+        state, reason = rules.conclusion(picture)
+        reason = reason or picture.reason
+        self.records.record_run(picture, state.value, reason)
+        escalation = None
+        if state is RunState.ESCALATED:
+            escalation = self.records.record_escalation(picture, reason)
+        elif picture.extra.get("generation", "0") != "0":
+            self.records.resolve_escalations(run_id)
+        if self.store.conclude(run_id, state, reason).status != "ok":
+            return self.picture(run_id).state
+        if escalation is not None:
+            logger.error("run %s escalated: %s", run_id, reason)
+            self._call_hook(self.hooks.on_escalation, escalation)
+        self._call_hook(self.hooks.on_run_ended, self.picture(run_id), state.value, reason)
+        return state
+
+    def requeue_failed_compensations(self, run_id: str) -> int:
+        """Run an escalated run's failed compensations again (after someone fixed the cause)."""
+        outcome = self.store.requeue(run_id)
+        if outcome.status == "unknown":
+            raise UnknownRunError(f"no run {run_id} (it may have expired after its retention)")
+        if outcome.status != "ok":
+            raise SagaError(
+                f"run {run_id} is {outcome.values[0]} and has no failed compensation to requeue"
+            )
+        owner = str(outcome.values[0])
+        count = len(self.picture(run_id).stack)
+        self.start_unwind(run_id, owner)
+        return count
+
+    def _call_hook(self, hook: Any, *args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception:
+            logger.exception("saga hook %s failed", getattr(hook, "__name__", hook))

@@ -1,0 +1,100 @@
+"""Every error saga raises, under one root.
+
+Whether a failure is worth retrying is an attribute (``retryable``), not a branch of the tree:
+the worker asks the error, never its type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class SagaError(Exception):
+    """Root of every error saga raises."""
+
+    retryable: bool = False
+
+
+class ToolDefinitionError(SagaError):
+    """A tool was declared with a class, option or compensation that breaks the rules."""
+
+
+class UnknownToolError(SagaError):
+    """The agent asked for a tool that is not registered (or not offered to it)."""
+
+
+class InvalidArgumentsError(SagaError):
+    """A call's arguments do not match the tool's schema; nothing was dispatched."""
+
+
+class PayloadError(SagaError):
+    """A value is not JSON, or is larger than the configured limit."""
+
+
+class UnknownRunError(SagaError):
+    """No run with this id exists (never started, or expired after its retention)."""
+
+
+class RunEndedError(SagaError):
+    """The run has already ended (or is unwinding), so it takes no more calls."""
+
+    def __init__(self, run_id: str, state: str) -> None:
+        super().__init__(f"run {run_id} is {state}: it takes no more calls")
+        self.run_id = run_id
+        self.state = state
+
+
+class CallRefusedError(SagaError):
+    """The dispatcher refused a call because of the pivot rules; nothing was dispatched."""
+
+    def __init__(self, message: str, unsettled_steps: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.unsettled_steps = tuple(unsettled_steps)
+
+
+class StepsInFlightError(SagaError):
+    """The run cannot end yet: some steps have not settled."""
+
+    def __init__(self, run_id: str, steps: Sequence[int]) -> None:
+        listed = ", ".join(str(s) for s in steps)
+        super().__init__(f"run {run_id} still has steps in flight: {listed}")
+        self.steps = tuple(steps)
+
+
+class StepFailedError(SagaError):
+    """A step failed for good (after its retries); the run unwinds or escalates."""
+
+    def __init__(self, run_id: str, step: int, tool: str, error: str) -> None:
+        super().__init__(f"step {step} ({tool}) of run {run_id} failed: {error}")
+        self.run_id = run_id
+        self.step = step
+        self.tool = tool
+        self.error = error
+
+
+class StepSkippedError(SagaError):
+    """The step never ran: the run started unwinding before it was picked up."""
+
+
+class CompensationBuildError(SagaError):
+    """A tool's compensation function failed or returned something unusable."""
+
+
+class DispatchError(SagaError):
+    """The broker did not take the task; the step was released and nothing ran."""
+
+    retryable = True
+
+
+class StoreUnavailableError(SagaError):
+    """The Redis holding the compensation stack did not answer."""
+
+    retryable = True
+
+
+class WaitTimeoutError(SagaError):
+    """A bounded wait for a step or a run ran out of time."""
+
+
+class NonRetryableToolError(SagaError):
+    """A tool raises this to fail its step at once, without using its retries."""

@@ -1,0 +1,16 @@
+-- Shared by every script. KEYS: run, steps, inflight, stack, comps (see saga/constants.py).
+local RUN, STEPS, INFLIGHT, STACK, COMPS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
+local function bump(now)
+  redis.call('HINCRBY', RUN, 'version', 1)
+  redis.call('HSET', RUN, 'updated', now)
+end
+
+-- Whoever settles the last step of a failing run owns its unwind: exactly one caller gets 1.
+local function maybe_own(owner)
+  if redis.call('HGET', RUN, 'state') ~= 'unwinding' then return 0 end
+  if redis.call('HLEN', INFLIGHT) > 0 then return 0 end
+  if redis.call('HGET', RUN, 'owner') ~= '' then return 0 end
+  redis.call('HSET', RUN, 'owner', owner, 'sent', '0')
+  return 1
+end

@@ -1,0 +1,84 @@
+"""The vocabulary: tool classes, run and step states, the undo a step leaves behind.
+
+States are ``str`` enums so Redis and the database hold the readable value, never an ordinal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from typing import Any
+
+
+class ToolClass(IntEnum):
+    """How a tool's effect can be taken back; this decides what the saga must do with it."""
+
+    READ = 1
+    CONVERGENT_WRITE = 2
+    REVERSIBLE_WRITE = 3
+    COMPENSATABLE_WRITE = 4
+    IRREVERSIBLE_WRITE = 5
+
+    @property
+    def needs_compensation(self) -> bool:
+        return self in (ToolClass.REVERSIBLE_WRITE, ToolClass.COMPENSATABLE_WRITE)
+
+    @property
+    def is_write(self) -> bool:
+        return self is not ToolClass.READ
+
+
+class RunState(StrEnum):
+    RUNNING = "running"
+    UNWINDING = "unwinding"
+    COMPLETED = "completed"
+    COMPENSATED = "compensated"
+    ESCALATED = "escalated"
+
+    @property
+    def ended(self) -> bool:
+        return self in (RunState.COMPLETED, RunState.COMPENSATED, RunState.ESCALATED)
+
+
+class StepState(StrEnum):
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    NOT_DISPATCHED = "not_dispatched"
+
+
+class CompensationState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Undo:
+    """What a step pushes on the stack: the call that takes its effect back.
+
+    ``args`` hold the references the step captured (the credit id, the previous status), so the
+    compensation never has to re-derive what to undo from a world that has moved on.
+    """
+
+    tool: str
+    args: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a tool receives besides its arguments.
+
+    ``idempotency_key`` is the same on every delivery of the same step (or compensation), so a
+    tool that records it can answer a redelivery with the effect it already applied.
+    """
+
+    run_id: str
+    step: int
+    idempotency_key: str
+    attempt: int
+    compensating: bool = False

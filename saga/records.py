@@ -1,0 +1,145 @@
+"""Runs and escalations, recorded for people in a SQL database.
+
+Redis holds the live state; this is where a person (or a dashboard) finds what happened after
+the Redis keys have expired. SQLite by default, PostgreSQL in production; writes are upserts,
+so a redelivered conclusion writes the same record again instead of a second one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, String, Text, create_engine, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from saga.model import CompensationState
+from saga.rules import not_undone
+from saga.stack import RunPicture
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class RunRecord(_Base):
+    __tablename__ = "saga_runs"
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    steps: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+
+
+class EscalationRecord(_Base):
+    """The whole picture handed to a person: not "the run failed", but what is live and why."""
+
+    __tablename__ = "saga_escalations"
+
+    escalation_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(64), index=True)
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    steps_done: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    stack: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    failed_compensations: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    not_undone: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    resolved: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+def _when(timestamp: float | None) -> datetime | None:
+    return None if timestamp is None else datetime.fromtimestamp(timestamp, UTC)
+
+
+def _steps_json(picture: RunPicture) -> list[dict[str, Any]]:
+    return [
+        {**asdict(s), "tool_class": int(s.tool_class), "state": s.state.value}
+        for s in picture.steps
+    ]
+
+
+class RecordStore:
+    def __init__(self, url: str) -> None:
+        self.engine: Engine = create_engine(url, pool_pre_ping=True)
+        _Base.metadata.create_all(self.engine)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    def record_run(self, picture: RunPicture, state: str, reason: str) -> None:
+        record = RunRecord(
+            run_id=picture.run_id,
+            state=state,
+            reason=reason,
+            created_at=_when(picture.created),
+            ended_at=_when(picture.ended or time.time()),
+            steps=_steps_json(picture),
+        )
+        self._upsert(record)
+
+    def record_escalation(self, picture: RunPicture, reason: str) -> EscalationRecord:
+        generation = picture.extra.get("generation", "0")
+        failed = [
+            {
+                "step": c.step,
+                "undo": c.entry,
+                "attempts": c.attempts,
+                "error": c.error,
+                "state": c.state.value,
+            }
+            for c in picture.compensations
+            if c.state is CompensationState.FAILED
+        ]
+        record = EscalationRecord(
+            escalation_id=f"{picture.run_id}:{generation}",
+            run_id=picture.run_id,
+            reason=reason,
+            created_at=datetime.now(UTC),
+            steps_done=[s for s in _steps_json(picture) if s["state"] == "succeeded"],
+            stack=picture.stack,
+            failed_compensations=failed,
+            not_undone=not_undone(picture),
+            resolved=False,
+        )
+        self._upsert(record)
+        return record
+
+    def resolve_escalations(self, run_id: str) -> None:
+        with Session(self.engine) as session, session.begin():
+            for record in session.scalars(
+                select(EscalationRecord).where(EscalationRecord.run_id == run_id)
+            ):
+                record.resolved = True
+
+    def run(self, run_id: str) -> RunRecord | None:
+        with Session(self.engine, expire_on_commit=False) as session:
+            return session.get(RunRecord, run_id)
+
+    def escalations(
+        self, run_id: str | None = None, open_only: bool = False
+    ) -> list[EscalationRecord]:
+        query = select(EscalationRecord).order_by(EscalationRecord.created_at)
+        if run_id is not None:
+            query = query.where(EscalationRecord.run_id == run_id)
+        if open_only:
+            query = query.where(EscalationRecord.resolved.is_(False))
+        with Session(self.engine, expire_on_commit=False) as session:
+            return list(session.scalars(query))
+
+    def _upsert(self, record: _Base) -> None:
+        # merge() is read-then-write; two concluders racing can both insert, so the loser
+        # retries once and then finds the row the winner wrote.
+        for attempt in (1, 2):
+            try:
+                with Session(self.engine) as session, session.begin():
+                    session.merge(record)
+                return
+            except IntegrityError:
+                if attempt == 2:
+                    raise

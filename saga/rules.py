@@ -1,0 +1,89 @@
+"""The saga's rules, as plain functions: which calls the dispatcher takes, in which order the
+stack unwinds, and how a failing run ends.
+
+No broker, no Redis: these are the rules the seed states, testable on their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from saga.errors import CallRefusedError, RunEndedError
+from saga.model import CompensationState, RunState, StepState, ToolClass
+from saga.stack import RunPicture, RunView
+
+REASON_AFTER_PIVOT = "failed after an irreversible step"
+REASON_COMPENSATION_FAILED = "compensation failed"
+
+_BEFORE_PIVOT = (
+    ToolClass.CONVERGENT_WRITE,
+    ToolClass.REVERSIBLE_WRITE,
+    ToolClass.COMPENSATABLE_WRITE,
+)
+
+
+def check_call(view: RunView, tool: str, tool_class: ToolClass) -> None:
+    """Refuse a call the pivot rules forbid; return quietly if it may be dispatched.
+
+    A class 5 call waits until every write before it has settled: if one of them failed after
+    the mail went out, there would be nothing left to unwind with. A class 3/4 call after the
+    pivot (or while the pivot step is in flight) is refused unless the run allows it, because
+    everything reversible belongs before the point of no return.
+    """
+    if view.state is not RunState.RUNNING:
+        raise RunEndedError(view.run_id, view.state.value)
+    if tool_class is ToolClass.IRREVERSIBLE_WRITE:
+        unsettled = sorted(s for s, c in view.in_flight.items() if c in _BEFORE_PIVOT)
+        if unsettled:
+            listed = ", ".join(str(s) for s in unsettled)
+            raise CallRefusedError(
+                f"{tool} is irreversible (class 5) and is refused while step(s) {listed} "
+                "have not settled; wait for them, then call it again",
+                unsettled,
+            )
+    if tool_class.needs_compensation and not view.allow_after_pivot:
+        pivot_in_flight = sorted(
+            s for s, c in view.in_flight.items() if c is ToolClass.IRREVERSIBLE_WRITE
+        )
+        if view.pivot_step is not None or pivot_in_flight:
+            where = view.pivot_step or pivot_in_flight[0]
+            raise CallRefusedError(
+                f"{tool} is class {tool_class.value} and the run is past its pivot (step "
+                f"{where}, irreversible): reversible work must come before the pivot",
+                pivot_in_flight,
+            )
+
+
+def unwind_order(stack: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Most recent first: undo in the reverse of the order things were done."""
+    return sorted(stack, key=lambda entry: int(entry["step"]), reverse=True)
+
+
+def conclusion(picture: RunPicture) -> tuple[RunState, str]:
+    """How a failing run ends, once its unwind (if any) has run."""
+    if picture.pivot_step is not None:
+        return RunState.ESCALATED, REASON_AFTER_PIVOT
+    if picture.stack or any(c.state is not CompensationState.DONE for c in picture.compensations):
+        return RunState.ESCALATED, REASON_COMPENSATION_FAILED
+    return RunState.COMPENSATED, ""
+
+
+def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
+    """Effects still live in the world after the run ended, each with why."""
+    undone = {c.step for c in picture.compensations if c.state is CompensationState.DONE}
+    live = []
+    for step in picture.steps:
+        if step.state is not StepState.SUCCEEDED or not step.tool_class.is_write:
+            continue
+        if step.step in undone:
+            continue
+        if step.tool_class is ToolClass.IRREVERSIBLE_WRITE:
+            why = "irreversible: cannot be undone"
+        elif step.tool_class is ToolClass.CONVERGENT_WRITE:
+            why = "convergent write: kept, it has no undo"
+        elif picture.pivot_step is not None:
+            why = "not unwound: the run was past its pivot"
+        else:
+            why = "its compensation failed"
+        live.append({"step": step.step, "tool": step.tool, "result": step.result, "why": why})
+    return live

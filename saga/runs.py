@@ -1,0 +1,124 @@
+"""What the agent holds: a ``Run`` to call tools on, and a ``StepHandle`` per call.
+
+Waiting reads the saga's own record of the step in Redis, not Celery's result backend: the
+record is what the saga acts on, so it is also what the agent should see.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from saga import payload
+from saga.constants import run_keys
+from saga.errors import StepFailedError, StepSkippedError, UnknownRunError, WaitTimeoutError
+from saga.model import RunState, StepState
+from saga.stack import RunPicture
+
+if TYPE_CHECKING:
+    from saga.engine import Saga
+
+_FIRST_POLL = 0.001
+_LONGEST_POLL = 0.05
+
+
+def _poll(deadline: float, delay: float) -> float:
+    """Sleep a little longer each time, never past the deadline; return the next delay."""
+    time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+    return min(delay * 2, _LONGEST_POLL)
+
+
+class StepHandle:
+    """One dispatched call. ``result()`` waits for it to settle."""
+
+    def __init__(self, saga: Saga, run_id: str, step: int, tool: str) -> None:
+        self.saga = saga
+        self.run_id = run_id
+        self.step = step
+        self.tool = tool
+
+    def __repr__(self) -> str:
+        return f"<StepHandle run={self.run_id} step={self.step} tool={self.tool}>"
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.run_id}:{self.step}"
+
+    def state(self) -> StepState:
+        raw = self.saga.store.client.hget(run_keys(self.run_id)[1], f"{self.step}:state")
+        if raw is None:
+            raise UnknownRunError(f"no step {self.step} in run {self.run_id}")
+        return StepState(str(raw))
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The tool's result once the step succeeded; ``StepFailedError`` if it failed for good."""
+        deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
+        key = run_keys(self.run_id)[1]
+        fields = (f"{self.step}:state", f"{self.step}:result", f"{self.step}:error")
+        delay = _FIRST_POLL
+        while True:
+            state, result, error = self.saga.store.client.hmget(key, fields)
+            if state == StepState.SUCCEEDED:
+                return payload.loads(result)
+            if state == StepState.FAILED:
+                message = (payload.loads(error) or {}).get("message", "failed")
+                raise StepFailedError(self.run_id, self.step, self.tool, message)
+            if state in (StepState.SKIPPED, StepState.NOT_DISPATCHED):
+                raise StepSkippedError(f"step {self.step} ({self.tool}) never ran: {state}")
+            if state is None:
+                raise UnknownRunError(f"no step {self.step} in run {self.run_id}")
+            if time.monotonic() >= deadline:
+                raise WaitTimeoutError(f"step {self.step} ({self.tool}) still {state!s}")
+            delay = _poll(deadline, delay)
+
+
+class Run:
+    """One agent run: the tools it calls are the saga's steps, in the order it calls them."""
+
+    def __init__(self, saga: Saga, run_id: str) -> None:
+        self.saga = saga
+        self.run_id = run_id
+
+    def __repr__(self) -> str:
+        return f"<Run {self.run_id}>"
+
+    def call(self, tool: str, /, **args: Any) -> StepHandle:
+        """Dispatch ``tool`` with ``args``; refused (nothing sent, nothing changed) if the
+        tool is unknown, the arguments are invalid, or the pivot rules forbid it now."""
+        return self.saga.dispatch(self.run_id, tool, args)
+
+    def state(self) -> RunState:
+        return self.picture().state
+
+    def picture(self) -> RunPicture:
+        return self.saga.picture(self.run_id)
+
+    def finish(self, timeout: float | None = None) -> RunPicture:
+        """Complete the run once every step has settled (waiting up to ``timeout``)."""
+        from saga.errors import StepsInFlightError
+
+        deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
+        delay = _FIRST_POLL
+        while True:
+            try:
+                return self.saga.complete(self.run_id)
+            except StepsInFlightError:
+                if time.monotonic() >= deadline:
+                    raise
+            delay = _poll(deadline, delay)
+
+    def abort(self, reason: str) -> None:
+        """Unwind on the agent's request (or escalate, if the run is past its pivot)."""
+        self.saga.abort(self.run_id, reason)
+
+    def wait(self, timeout: float | None = None) -> RunPicture:
+        """Wait until the run has ended (completed, compensated or escalated)."""
+        deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
+        delay = _FIRST_POLL
+        while True:
+            picture = self.picture()
+            if picture.state.ended:
+                return picture
+            if time.monotonic() >= deadline:
+                raise WaitTimeoutError(f"run {self.run_id} still {picture.state.value}")
+            delay = _poll(deadline, delay)

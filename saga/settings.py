@@ -1,0 +1,55 @@
+"""Every setting saga reads, with its default, in one place.
+
+Read once from the environment (``SAGA_*``); pass a ``Settings`` explicitly to override.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Self
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+DEFAULT_DATABASE_URL = "sqlite:///saga.db"
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: Redis holding the compensation stacks (workflow state, so never an evicting instance).
+    redis_url: str = DEFAULT_REDIS_URL
+    #: Where runs and escalations are recorded for people (SQLite file or PostgreSQL).
+    database_url: str = DEFAULT_DATABASE_URL
+    #: How long a finished run's Redis keys stay readable.
+    retention_seconds: int = 7 * 24 * 3600
+    #: Largest JSON argument set, result or undo record accepted.
+    max_payload_bytes: int = 256 * 1024
+    #: How long ``StepHandle.result()`` and ``Run.finish()`` wait by default.
+    wait_timeout: float = 60.0
+    #: Extra Redis client options (e.g. TLS certificates).
+    redis_options: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls) -> Self:
+        """Read ``SAGA_REDIS_URL`` (falling back to ``SAGA_BROKER_URL``) and the rest."""
+        redis_url = (
+            os.environ.get("SAGA_REDIS_URL")
+            or os.environ.get("SAGA_BROKER_URL")
+            or DEFAULT_REDIS_URL
+        )
+        return cls(
+            redis_url=redis_url,
+            database_url=os.environ.get("SAGA_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            retention_seconds=_env_int("SAGA_RETENTION_SECONDS", cls.retention_seconds),
+            max_payload_bytes=_env_int("SAGA_MAX_PAYLOAD_BYTES", cls.max_payload_bytes),
+            wait_timeout=float(_env_int("SAGA_WAIT_TIMEOUT", int(cls.wait_timeout))),
+        )

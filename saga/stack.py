@@ -1,0 +1,273 @@
+"""The compensation stack and run state, in Redis.
+
+This is workflow state: it must outlive any worker, so it lives in Redis and every change that
+touches more than one key is a single Lua script (``saga/lua``). Steps follow the durable-step
+rule: check the recorded outcome before running, record the outcome after, so a redelivered
+message replays instead of re-executing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, cast
+
+import redis
+from redis.commands.core import Script
+
+from saga import payload
+from saga.constants import run_keys
+from saga.errors import StoreUnavailableError
+from saga.model import CompensationState, RunState, StepState, ToolClass
+
+_SCRIPTS = (
+    "create",
+    "reserve",
+    "release",
+    "begin_step",
+    "record_success",
+    "record_failure",
+    "abort",
+    "mark_sent",
+    "begin_compensation",
+    "record_compensation",
+    "conclude",
+    "requeue",
+)
+
+
+def _load_scripts(client: redis.Redis) -> dict[str, Script]:
+    folder = resources.files("saga") / "lua"
+    prelude = (folder / "_prelude.lua").read_text()
+    return {
+        name: client.register_script(prelude + "\n" + (folder / f"{name}.lua").read_text())
+        for name in _SCRIPTS
+    }
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the dispatcher needs to judge a call, read at one version of the run."""
+
+    run_id: str
+    state: RunState
+    version: str
+    pivot_step: int | None
+    in_flight: dict[int, ToolClass]
+    allow_after_pivot: bool
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    tool: str
+    tool_class: ToolClass
+    args: dict[str, Any]
+    state: StepState
+    attempts: int
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class CompensationRecord:
+    step: int
+    entry: dict[str, Any]
+    state: CompensationState
+    attempts: int
+    error: dict[str, Any] | None = None
+    #: When it was confirmed done (or given up on), by the Redis caller's clock.
+    settled_at: float | None = None
+
+
+@dataclass(frozen=True)
+class RunPicture:
+    """Everything known about a run: what a person handed an escalation needs to see."""
+
+    run_id: str
+    state: RunState
+    reason: str
+    pivot_step: int | None
+    steps: list[StepRecord]
+    stack: list[dict[str, Any]]
+    compensations: list[CompensationRecord]
+    created: float
+    ended: float | None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def step(self, number: int) -> StepRecord:
+        return next(s for s in self.steps if s.step == number)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a script answered: a status word and whatever came with it."""
+
+    status: str
+    values: tuple[Any, ...] = ()
+
+    @property
+    def owns_unwind(self) -> bool:
+        return bool(self.values) and int(self.values[0]) == 1
+
+
+class RunStore:
+    """Reads and changes one Redis's runs; safe to share between threads."""
+
+    def __init__(self, client: redis.Redis, retention_seconds: int) -> None:
+        self.client = client
+        self.retention_seconds = retention_seconds
+        self._scripts = _load_scripts(client)
+
+    @classmethod
+    def from_url(cls, url: str, retention_seconds: int, **options: Any) -> RunStore:
+        client = redis.Redis.from_url(url, decode_responses=True, **options)
+        return cls(client, retention_seconds)
+
+    def _call(self, script: str, run_id: str, *args: Any) -> Outcome:
+        try:
+            raw = self._scripts[script](keys=run_keys(run_id), args=list(args))
+        except redis.ConnectionError as exc:
+            raise StoreUnavailableError(f"saga store unreachable ({script}): {exc}") from exc
+        if isinstance(raw, list):
+            return Outcome(str(raw[0]), tuple(raw[1:]))
+        return Outcome(str(raw))
+
+    # -- forward path ---------------------------------------------------------------------
+
+    def create(self, run_id: str, allow_after_pivot: bool = False) -> bool:
+        return self._call("create", run_id, time.time(), int(allow_after_pivot)).status == "1"
+
+    def view(self, run_id: str) -> RunView | None:
+        keys = run_keys(run_id)
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(keys[0])
+            pipe.hgetall(keys[2])
+            run, inflight = pipe.execute()
+        if not run:
+            return None
+        return RunView(
+            run_id=run_id,
+            state=RunState(run["state"]),
+            version=run["version"],
+            pivot_step=int(run["pivot"]) if run["pivot"] else None,
+            in_flight={int(k): ToolClass(int(v)) for k, v in inflight.items()},
+            allow_after_pivot=run.get("allow_after_pivot") == "1",
+        )
+
+    def reserve(self, view: RunView, tool: str, tool_class: ToolClass, args_json: str) -> Outcome:
+        return self._call(
+            "reserve", view.run_id, view.version, tool, int(tool_class), args_json, time.time()
+        )
+
+    def release(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
+        return self._call("release", run_id, step, _error_json(error), time.time())
+
+    def begin_step(self, run_id: str, step: int) -> Outcome:
+        return self._call("begin_step", run_id, step, time.time())
+
+    def record_success(
+        self, run_id: str, step: int, result_json: str, entry_json: str, irreversible: bool
+    ) -> Outcome:
+        return self._call(
+            "record_success", run_id, step, result_json, entry_json, int(irreversible), time.time()
+        )
+
+    def record_failure(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
+        return self._call("record_failure", run_id, step, _error_json(error), time.time())
+
+    def abort(self, run_id: str, reason: str) -> Outcome:
+        return self._call("abort", run_id, reason, time.time())
+
+    def mark_sent(self, run_id: str, owner: str) -> bool:
+        return self._call("mark_sent", run_id, owner).status == "1"
+
+    # -- unwind path ----------------------------------------------------------------------
+
+    def begin_compensation(self, run_id: str, step: int) -> Outcome:
+        return self._call("begin_compensation", run_id, step, time.time())
+
+    def record_compensation(
+        self, run_id: str, step: int, outcome: str, error: dict[str, Any] | None = None
+    ) -> str:
+        return self._call(
+            "record_compensation", run_id, step, outcome, _error_json(error), time.time()
+        ).status
+
+    def conclude(self, run_id: str, state: RunState, reason: str = "") -> Outcome:
+        return self._call(
+            "conclude", run_id, state.value, reason, time.time(), self.retention_seconds
+        )
+
+    def requeue(self, run_id: str) -> Outcome:
+        return self._call("requeue", run_id, time.time())
+
+    def owner(self, run_id: str) -> str:
+        return cast(str, self.client.hget(run_keys(run_id)[0], "owner") or "")
+
+    # -- reading --------------------------------------------------------------------------
+
+    def picture(self, run_id: str) -> RunPicture | None:
+        run_key, steps_key, _, stack_key, comps_key = run_keys(run_id)
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(run_key)
+            pipe.hgetall(steps_key)
+            pipe.lrange(stack_key, 0, -1)
+            pipe.hgetall(comps_key)
+            run, steps, stack, comps = pipe.execute()
+        if not run:
+            return None
+        return RunPicture(
+            run_id=run_id,
+            state=RunState(run["state"]),
+            reason=run.get("reason", ""),
+            pivot_step=int(run["pivot"]) if run.get("pivot") else None,
+            steps=_steps_from(steps, int(run.get("next_step", 0))),
+            stack=[payload.loads(e) for e in stack],
+            compensations=_compensations_from(comps),
+            created=float(run["created"]),
+            ended=float(run["ended"]) if run.get("ended") else None,
+            extra={k: run[k] for k in ("owner", "sent", "generation") if k in run},
+        )
+
+
+def _error_json(error: dict[str, Any] | None) -> str:
+    if error is None:
+        return ""
+    return payload.dumps(error, what="error", limit=1 << 20)
+
+
+def _steps_from(fields: dict[str, str], count: int) -> list[StepRecord]:
+    steps = []
+    for n in range(1, count + 1):
+        if f"{n}:tool" not in fields:
+            continue
+        steps.append(
+            StepRecord(
+                step=n,
+                tool=fields[f"{n}:tool"],
+                tool_class=ToolClass(int(fields[f"{n}:class"])),
+                args=payload.loads(fields[f"{n}:args"]),
+                state=StepState(fields[f"{n}:state"]),
+                attempts=int(fields.get(f"{n}:attempts", 0)),
+                result=payload.loads(fields.get(f"{n}:result")),
+                error=payload.loads(fields.get(f"{n}:error") or None),
+            )
+        )
+    return steps
+
+
+def _compensations_from(fields: dict[str, str]) -> list[CompensationRecord]:
+    numbers = sorted({int(k.split(":")[0]) for k in fields})
+    return [
+        CompensationRecord(
+            step=n,
+            entry=payload.loads(fields[f"{n}:entry"]),
+            state=CompensationState(fields[f"{n}:state"]),
+            attempts=int(fields.get(f"{n}:attempts", 0)),
+            error=payload.loads(fields.get(f"{n}:error") or None),
+            settled_at=float(fields[f"{n}:at"]) if f"{n}:at" in fields else None,
+        )
+        for n in numbers
+    ]

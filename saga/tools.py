@@ -1,0 +1,223 @@
+"""Tool declarations: what a tool is, which class it belongs to, and how its effect is undone.
+
+Everything a tool declares is checked when it is declared, loudly, because the place it would
+otherwise surface is the failure path, where nobody is watching.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from saga.errors import (
+    CompensationBuildError,
+    InvalidArgumentsError,
+    ToolDefinitionError,
+    UnknownToolError,
+)
+from saga.model import ToolClass, Undo
+from saga.retry import DEFAULT_COMPENSATION_RETRY, DEFAULT_RETRY, RetryPolicy
+
+ToolFunction = Callable[..., Any]
+#: Builds the undo from the call's (JSON) arguments and its result.
+CompensationBuilder = Callable[[dict[str, Any], Any], Undo]
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_CONTEXT_PARAMETER = "ctx"
+_TOOL_OPTIONS = frozenset({"name", "compensation", "retry", "offered", "description"})
+_COMPENSATION_OPTIONS = frozenset({"name", "retry", "description", "offered"})
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    func: ToolFunction
+    #: ``None`` for a tool that only exists to undo others.
+    tool_class: ToolClass | None
+    compensation: CompensationBuilder | None
+    retry: RetryPolicy
+    offered: bool
+    description: str
+    schema: type[BaseModel]
+    wants_context: bool
+
+    def validate(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Check ``args`` against the schema; return them in JSON form, ready to send."""
+        return self._parse(args).model_dump(mode="json")
+
+    def python_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The arguments as the function's type hints want them (``Decimal``, ``date``, ...)."""
+        model = self._parse(args)
+        return {name: getattr(model, name) for name in type(model).model_fields}
+
+    def build_undo(self, args: dict[str, Any], result: Any) -> Undo:
+        if self.compensation is None:
+            raise CompensationBuildError(f"tool {self.name} declares no compensation")
+        try:
+            undo = self.compensation(args, result)
+        except Exception as exc:
+            raise CompensationBuildError(
+                f"compensation of {self.name} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(undo, Undo):
+            raise CompensationBuildError(
+                f"compensation of {self.name} returned {type(undo).__name__}, not an Undo"
+            )
+        return undo
+
+    def _parse(self, args: dict[str, Any]) -> BaseModel:
+        if not isinstance(args, dict):
+            raise InvalidArgumentsError(f"arguments of {self.name} must be an object")
+        try:
+            return self.schema.model_validate(args)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise InvalidArgumentsError(f"invalid arguments for {self.name}: {problems}") from None
+
+
+class ToolRegistry:
+    """The tools one application offers its agent, and the compensations behind them."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def tool(
+        self, tool_class: ToolClass | int, **options: Any
+    ) -> Callable[[ToolFunction], ToolFunction]:
+        """Register a forward tool of ``tool_class``.
+
+        Options: ``compensation`` (required for classes 3 and 4, refused otherwise), ``retry``,
+        ``name``, ``description``, ``offered`` (default True: the agent may call it).
+        """
+        _refuse_unknown(options, _TOOL_OPTIONS)
+        try:
+            klass = ToolClass(tool_class)
+        except ValueError:
+            raise ToolDefinitionError(f"unknown tool class {tool_class!r}: use 1 to 5") from None
+
+        def register(func: ToolFunction) -> ToolFunction:
+            compensation = options.get("compensation")
+            name = options.get("name", func.__name__)
+            if klass.needs_compensation and compensation is None:
+                raise ToolDefinitionError(
+                    f"tool {name} is class {klass.value} ({klass.name.lower()}) and must declare "
+                    "a compensation"
+                )
+            if not klass.needs_compensation and compensation is not None:
+                raise ToolDefinitionError(
+                    f"tool {name} is class {klass.value} ({klass.name.lower()}): it takes no "
+                    "compensation (only classes 3 and 4 do)"
+                )
+            if compensation is not None and not callable(compensation):
+                raise ToolDefinitionError(f"compensation of {name} must be callable")
+            self._add(func, klass, options, DEFAULT_RETRY, offered_default=True)
+            return func
+
+        return register
+
+    def compensation(self, **options: Any) -> Callable[[ToolFunction], ToolFunction]:
+        """Register a tool that exists to undo others; the agent is not offered it by default."""
+        _refuse_unknown(options, _COMPENSATION_OPTIONS)
+
+        def register(func: ToolFunction) -> ToolFunction:
+            self._add(func, None, options, DEFAULT_COMPENSATION_RETRY, offered_default=False)
+            return func
+
+        return register
+
+    def get(self, name: str) -> Tool:
+        try:
+            return self._tools[name]
+        except KeyError:
+            raise UnknownToolError(f"unknown tool {name!r}; known: {self._known()}") from None
+
+    def offered(self, name: str) -> Tool:
+        """The tool the agent asked for, if the agent may call it."""
+        tool = self._tools.get(name)
+        if tool is None or not tool.offered or tool.tool_class is None:
+            raise UnknownToolError(
+                f"unknown tool {name!r}; the agent may call: {self._known(offered=True)}"
+            )
+        return tool
+
+    def check_undo(self, undo: Undo) -> dict[str, Any]:
+        """Validate an undo against its tool; return its arguments in JSON form."""
+        try:
+            return self.get(undo.tool).validate(undo.args)
+        except (UnknownToolError, InvalidArgumentsError) as exc:
+            raise CompensationBuildError(f"unusable undo {undo.tool}: {exc}") from exc
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def _known(self, offered: bool = False) -> str:
+        names = sorted(t.name for t in self._tools.values() if t.offered or not offered)
+        return ", ".join(names) or "(none)"
+
+    def _add(
+        self,
+        func: ToolFunction,
+        klass: ToolClass | None,
+        options: dict[str, Any],
+        default_retry: RetryPolicy,
+        offered_default: bool,
+    ) -> None:
+        name = options.get("name", func.__name__)
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ToolDefinitionError(f"tool name {name!r} must match {_NAME.pattern}")
+        if name in self._tools:
+            raise ToolDefinitionError(f"tool {name} is registered twice")
+        retry = options.get("retry", default_retry)
+        if not isinstance(retry, RetryPolicy):
+            raise ToolDefinitionError(f"retry of {name} must be a RetryPolicy")
+        schema, wants_context = _schema_of(name, func)
+        self._tools[name] = Tool(
+            name=name,
+            func=func,
+            tool_class=klass,
+            compensation=options.get("compensation"),
+            retry=retry,
+            offered=bool(options.get("offered", offered_default)),
+            description=options.get("description") or inspect.getdoc(func) or "",
+            schema=schema,
+            wants_context=wants_context,
+        )
+
+
+def _refuse_unknown(options: dict[str, Any], known: frozenset[str]) -> None:
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ToolDefinitionError(
+            f"unknown tool option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+
+
+def _schema_of(name: str, func: ToolFunction) -> tuple[type[BaseModel], bool]:
+    """A pydantic model of the function's parameters (all but ``ctx``), from its type hints."""
+    signature = inspect.signature(func)
+    hints = get_type_hints(func)
+    fields: dict[str, Any] = {}
+    wants_context = False
+    for parameter in signature.parameters.values():
+        if parameter.name == _CONTEXT_PARAMETER:
+            wants_context = True
+            continue
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise ToolDefinitionError(f"tool {name} must name its parameters (no *args/**kwargs)")
+        if parameter.name not in hints:
+            raise ToolDefinitionError(f"parameter {parameter.name} of {name} needs a type hint")
+        default = ... if parameter.default is parameter.empty else parameter.default
+        fields[parameter.name] = (hints[parameter.name], default)
+    model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    return model, wants_context

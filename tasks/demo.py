@@ -1,0 +1,95 @@
+"""The seed's story, for real: a Celery worker, Redis, and three separate systems.
+
+Scenario 1: the mail service is down, so the run unwinds: the ticket status is restored and the
+credit is reversed by a new ledger entry. Scenario 2: the reply goes out (the pivot), then the
+partner webhook fails, so nothing is unwound and a person gets the whole picture.
+
+Run with ``make demo`` (it provides Redis and stops everything it starts).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.setdefault("SAGA_DEMO_DATA", str(ROOT / ".demo-data")))
+os.environ.setdefault("SAGA_DATABASE_URL", f"sqlite:///{DATA / 'saga.db'}")
+
+ORDER, TICKET, EMAIL = 4921, 9104, "ada@example.com"
+
+
+def agent_calls(run: Any, calls: list[tuple[str, dict[str, Any]]]) -> None:
+    """What an agent loop does: call a tool, wait for its result, decide the next."""
+    from saga import SagaError
+
+    for tool, args in calls:
+        try:
+            result = run.call(tool, **args).result(timeout=30)
+            print(f"   agent: {tool} → {result}")
+        except SagaError as exc:
+            print(f"   agent: {tool} ✗ {exc}")
+            return
+
+
+def scenario(title: str, saga: Any, calls: list[tuple[str, dict[str, Any]]]) -> None:
+    from tasks import systems
+    from tasks.timeline import render, render_escalation, render_systems
+
+    print(f"\n== {title} ==")
+    run = saga.start_run()
+    agent_calls(run, calls)
+    picture = run.finish(timeout=30) if run.state().value == "running" else run.wait(timeout=60)
+    print()
+    print("\n".join(render(picture)))
+    for escalation in saga.records.escalations(run.run_id):
+        print("\n".join(render_escalation(escalation)))
+    print("\n   the three systems now:")
+    print("\n".join(render_systems()))
+    systems.clear_switches()
+
+
+def main() -> int:
+    redis_url = os.environ.get("SAGA_REDIS_URL", "redis://localhost:6379")
+    try:
+        redis.Redis.from_url(redis_url, socket_timeout=2).ping()
+    except redis.RedisError as exc:
+        print(f"demo: no Redis at {redis_url} ({exc}); run `make demo`, which starts one.")
+        return 2
+    DATA.mkdir(parents=True, exist_ok=True)
+
+    from saga.testing import WorkerProcess
+    from tasks import systems
+    from tasks.app import saga
+
+    systems.reset()
+    credit = ("issue_credit", {"order_id": ORDER, "amount_cents": 250_000, "memo": "late"})
+    forward = [
+        ("get_order", {"order_id": ORDER}),
+        credit,
+        ("set_ticket_status", {"ticket_id": TICKET, "status": "pending_refund"}),
+        ("send_reply", {"to": EMAIL, "subject": "Your credit", "body": "We credited $2,500."}),
+    ]
+    log = DATA / "worker.log"
+    print(f"starting a Celery worker (log: {log})")
+    with WorkerProcess("tasks.app", concurrency=2, logfile=log, cwd=ROOT):
+        systems.set_down("mail")
+        scenario("Scenario 1: the mail service is down", saga, forward)
+
+        systems.reset()
+        systems.set_down("webhook")
+        webhook = (
+            "notify_webhook",
+            {"url": "https://crm.example/hooks", "event": {"order": ORDER}},
+        )
+        scenario("Scenario 2: the reply is sent, then the webhook fails", saga, [*forward, webhook])
+    print(f"\nrecords: {os.environ['SAGA_DATABASE_URL']}  (runs and escalations, SQLAlchemy)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
