@@ -48,3 +48,11 @@ task_track_started = True
 
 broker_connection_retry_on_startup = True
 worker_hijack_root_logger = False
+
+#: The reaper: resolves runs with no progress past their deadline (run `celery beat` too).
+beat_schedule = {
+    "saga-reaper": {
+        "task": "saga.reap",
+        "schedule": float(os.environ.get("SAGA_REAP_INTERVAL", "30")),
+    },
+}

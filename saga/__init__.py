@@ -9,13 +9,17 @@ from saga.engine import Saga
 from saga.errors import (
     CallRefusedError,
     CompensationBuildError,
+    ConfigurationError,
     DispatchError,
+    FaultInjectionDisabledError,
+    InjectedFaultError,
     InvalidArgumentsError,
     NonRetryableToolError,
     PayloadError,
     RunEndedError,
     SagaError,
     StepFailedError,
+    StepInDoubtError,
     StepsInFlightError,
     StepSkippedError,
     StoreUnavailableError,
@@ -26,6 +30,7 @@ from saga.errors import (
 )
 from saga.hooks import SagaHooks
 from saga.model import CompensationState, RunState, StepContext, StepState, ToolClass, Undo
+from saga.reaper import ReapReport
 from saga.records import EscalationRecord, RecordStore, RunRecord
 from saga.retry import RetryPolicy
 from saga.runs import Run, StepHandle
@@ -51,6 +56,7 @@ __all__ = [
     "CompensationState",
     "EscalationRecord",
     "RecordStore",
+    "ReapReport",
     "RunPicture",
     "RunRecord",
     "RunState",
@@ -58,13 +64,17 @@ __all__ = [
     # Errors
     "CallRefusedError",
     "CompensationBuildError",
+    "ConfigurationError",
     "DispatchError",
+    "FaultInjectionDisabledError",
+    "InjectedFaultError",
     "InvalidArgumentsError",
     "NonRetryableToolError",
     "PayloadError",
     "RunEndedError",
     "SagaError",
     "StepFailedError",
+    "StepInDoubtError",
     "StepSkippedError",
     "StepsInFlightError",
     "StoreUnavailableError",

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 KEY_PREFIX = "saga"
 
+#: Sorted set of runs not yet ended, for the reaper (the one key outside any run's hash tag).
+ACTIVE_RUNS_KEY = f"{KEY_PREFIX}:active"
+#: Fault-injection rules and their counters (saga.testing), read only when explicitly enabled.
+FAULTS_KEY = f"{KEY_PREFIX}:{{testing}}:faults"
+FAULT_COUNTS_KEY = f"{KEY_PREFIX}:{{testing}}:fault-counts"
+
 #: Celery task name of a tool: ``tools.issue_credit``.
 TOOL_TASK_PREFIX = "tools."
 #: Celery task that closes an unwind once its compensation chain has run.
 CONCLUDE_UNWIND_TASK = "saga.conclude_unwind"
+#: Celery beat task that resolves runs with no progress past their deadline.
+REAP_TASK = "saga.reap"
 
 
 def tool_task_name(tool: str) -> str:

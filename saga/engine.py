@@ -15,9 +15,15 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, chain
 
 from saga import payload, rules
-from saga.constants import CONCLUDE_UNWIND_TASK, tool_task_name
+from saga.constants import (
+    CONCLUDE_UNWIND_TASK,
+    compensation_idempotency_key,
+    tool_task_name,
+)
 from saga.errors import (
+    CompensationBuildError,
     DispatchError,
+    PayloadError,
     RunEndedError,
     SagaError,
     UnknownRunError,
@@ -27,10 +33,12 @@ from saga.model import RunState
 from saga.records import RecordStore
 from saga.settings import Settings
 from saga.stack import RunPicture, RunStore
+from saga.testing import Faults, faults_enabled
 
 if TYPE_CHECKING:
+    from saga.reaper import ReapReport
     from saga.runs import Run, StepHandle
-    from saga.tools import ToolRegistry
+    from saga.tools import Tool, ToolRegistry
 
 logger = logging.getLogger("saga")
 
@@ -58,6 +66,10 @@ class Saga:
             self.settings.redis_url, self.settings.retention_seconds, **self.settings.redis_options
         )
         self._records: RecordStore | None = None
+        #: Fault injection for tests; None unless SAGA_TESTING_FAULTS=1 is set explicitly.
+        self.faults: Faults | None = None
+        if faults_enabled():
+            self.faults = Faults(self.store.client)
         install(app, self)
 
     @property
@@ -70,12 +82,18 @@ class Saga:
     # -- runs -----------------------------------------------------------------------------
 
     def start_run(
-        self, run_id: str | None = None, *, allow_reversible_after_pivot: bool = False
+        self,
+        run_id: str | None = None,
+        *,
+        allow_reversible_after_pivot: bool = False,
+        deadline: float | None = None,
     ) -> Run:
+        """Start a run. ``deadline``: seconds without progress before the reaper resolves it."""
         from saga.runs import Run
 
         run_id = run_id or uuid.uuid4().hex
-        if not self.store.create(run_id, allow_reversible_after_pivot):
+        deadline = deadline or self.settings.run_deadline_seconds
+        if not self.store.create(run_id, deadline, allow_reversible_after_pivot):
             raise SagaError(f"run {run_id} already exists")
         return Run(self, run_id)
 
@@ -146,6 +164,7 @@ class Saga:
             from saga.errors import StepsInFlightError
 
             raise StepsInFlightError(run_id, sorted(int(s) for s in outcome.values))
+        self.store.forget(run_id)
         picture = self.picture(run_id)
         self.records.record_run(picture, RunState.COMPLETED.value, "")
         self._call_hook(self.hooks.on_run_ended, picture, RunState.COMPLETED.value, "")
@@ -208,6 +227,7 @@ class Saga:
             self.records.resolve_escalations(run_id)
         if self.store.conclude(run_id, state, reason).status != "ok":
             return self.picture(run_id).state
+        self.store.forget(run_id)
         if escalation is not None:
             logger.error("run %s escalated: %s", run_id, reason)
             self._call_hook(self.hooks.on_escalation, escalation)
@@ -227,6 +247,44 @@ class Saga:
         count = len(self.picture(run_id).stack)
         self.start_unwind(run_id, owner)
         return count
+
+    def encode_effect(
+        self, tool: Tool, run_id: str, step: int, args: dict[str, Any], result: Any
+    ) -> tuple[str, str, str]:
+        """The result and the undo entry as stored, and what went wrong recording them.
+
+        The effect already happened, so a result or undo that cannot be recorded must not
+        make the step look failed: it becomes an undo that cannot run (``broken``), which
+        the unwind records as a failed compensation, so the run escalates.
+        """
+        limit = self.settings.max_payload_bytes
+        problem = ""
+        try:
+            result_json = payload.dumps(result, what=f"result of {tool.name}", limit=limit)
+        except PayloadError as exc:
+            problem = str(exc)
+            result_json = payload.dumps({"unrecorded": problem}, what="result", limit=limit)
+        if tool.compensation is None:
+            return result_json, "", problem
+        entry: dict[str, Any] = {
+            "step": step,
+            "idempotency_key": compensation_idempotency_key(run_id, step),
+        }
+        try:
+            undo = tool.build_undo(args, result)
+            entry.update(tool=undo.tool, args=self.registry.check_undo(undo))
+            entry["description"] = undo.description or f"{undo.tool} for step {step}"
+            return result_json, payload.dumps(entry, what="undo", limit=limit), problem
+        except (CompensationBuildError, PayloadError) as exc:
+            entry.update(tool="", args={}, broken=True)
+            entry["description"] = f"cannot undo step {step} ({tool.name}): {exc}"
+            return result_json, payload.dumps(entry, what="undo", limit=limit), problem or str(exc)
+
+    def reap(self) -> ReapReport:
+        """Resolve every run with no progress past its deadline (the beat task calls this)."""
+        from saga.reaper import reap
+
+        return reap(self)
 
     def _call_hook(self, hook: Any, *args: Any) -> None:
         try:

@@ -98,3 +98,21 @@ class WaitTimeoutError(SagaError):
 
 class NonRetryableToolError(SagaError):
     """A tool raises this to fail its step at once, without using its retries."""
+
+
+class ConfigurationError(SagaError):
+    """The worker's configuration would break the saga's guarantees; it refuses to start."""
+
+
+class InjectedFaultError(SagaError):
+    """A failure injected by ``saga.testing.Faults``; only ever raised in tests."""
+
+    retryable = True
+
+
+class FaultInjectionDisabledError(SagaError):
+    """Fault injection was asked for without being explicitly enabled (SAGA_TESTING_FAULTS=1)."""
+
+
+class StepInDoubtError(SagaError):
+    """Nobody knows whether the step's effect happened; it is reconciled before any unwind."""

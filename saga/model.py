@@ -45,6 +45,8 @@ class StepState(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    #: Its worker died, it timed out or was revoked: whether the effect happened is unknown.
+    IN_DOUBT = "in_doubt"
     SKIPPED = "skipped"
     NOT_DISPATCHED = "not_dispatched"
 

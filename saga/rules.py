@@ -62,9 +62,11 @@ def unwind_order(stack: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def conclusion(picture: RunPicture) -> tuple[RunState, str]:
     """How a failing run ends, once its unwind (if any) has run."""
     if picture.pivot_step is not None:
-        return RunState.ESCALATED, REASON_AFTER_PIVOT
+        return RunState.ESCALATED, picture.doubt or REASON_AFTER_PIVOT
     if picture.stack or any(c.state is not CompensationState.DONE for c in picture.compensations):
         return RunState.ESCALATED, REASON_COMPENSATION_FAILED
+    if picture.doubt:
+        return RunState.ESCALATED, picture.doubt
     return RunState.COMPENSATED, ""
 
 
@@ -73,6 +75,10 @@ def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
     undone = {c.step for c in picture.compensations if c.state is CompensationState.DONE}
     live = []
     for step in picture.steps:
+        if step.state is StepState.IN_DOUBT:
+            why = "in doubt: nothing could tell whether it happened"
+            live.append({"step": step.step, "tool": step.tool, "result": None, "why": why})
+            continue
         if step.state is not StepState.SUCCEEDED or not step.tool_class.is_write:
             continue
         if step.step in undone:

@@ -35,6 +35,11 @@ class Settings:
     max_payload_bytes: int = 256 * 1024
     #: How long ``StepHandle.result()`` and ``Run.finish()`` wait by default.
     wait_timeout: float = 60.0
+    #: How long a run may go without progress before the reaper resolves it.
+    run_deadline_seconds: int = 900
+    #: Deliveries beyond a tool's retry attempts (each one a crash mid-step) before it is
+    #: treated as in doubt instead of looping forever under ``task_reject_on_worker_lost``.
+    max_redeliveries: int = 2
     #: Extra Redis client options (e.g. TLS certificates).
     redis_options: dict[str, object] = field(default_factory=dict)
 
@@ -52,4 +57,6 @@ class Settings:
             retention_seconds=_env_int("SAGA_RETENTION_SECONDS", cls.retention_seconds),
             max_payload_bytes=_env_int("SAGA_MAX_PAYLOAD_BYTES", cls.max_payload_bytes),
             wait_timeout=float(_env_int("SAGA_WAIT_TIMEOUT", int(cls.wait_timeout))),
+            run_deadline_seconds=_env_int("SAGA_RUN_DEADLINE", cls.run_deadline_seconds),
+            max_redeliveries=_env_int("SAGA_MAX_REDELIVERIES", cls.max_redeliveries),
         )

@@ -9,6 +9,8 @@ message replays instead of re-executing.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, cast
@@ -17,7 +19,7 @@ import redis
 from redis.commands.core import Script
 
 from saga import payload
-from saga.constants import run_keys
+from saga.constants import ACTIVE_RUNS_KEY, run_keys
 from saga.errors import StoreUnavailableError
 from saga.model import CompensationState, RunState, StepState, ToolClass
 
@@ -34,6 +36,9 @@ _SCRIPTS = (
     "record_compensation",
     "conclude",
     "requeue",
+    "mark_in_doubt",
+    "resolve_in_doubt",
+    "take_over",
 )
 
 
@@ -68,6 +73,8 @@ class StepRecord:
     attempts: int
     result: Any = None
     error: dict[str, Any] | None = None
+    #: For a step that was in doubt: what its lookup found ("happened", "not_happened", ...).
+    reconciled: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,13 @@ class RunPicture:
     created: float
     ended: float | None
     extra: dict[str, str] = field(default_factory=dict)
+    #: Last change, and how long the run may go without one before the reaper steps in.
+    updated: float = 0.0
+    deadline: float = 0.0
+    #: Why the run must end escalated whatever its unwind does (a step left in doubt).
+    doubt: str = ""
+    in_flight: tuple[int, ...] = ()
+    version: str = ""
 
     def step(self, number: int) -> StepRecord:
         return next(s for s in self.steps if s.step == number)
@@ -126,22 +140,33 @@ class RunStore:
         return cls(client, retention_seconds)
 
     def _call(self, script: str, run_id: str, *args: Any) -> Outcome:
-        try:
+        with _reachable(script):
             raw = self._scripts[script](keys=run_keys(run_id), args=list(args))
-        except redis.ConnectionError as exc:
-            raise StoreUnavailableError(f"saga store unreachable ({script}): {exc}") from exc
         if isinstance(raw, list):
             return Outcome(str(raw[0]), tuple(raw[1:]))
         return Outcome(str(raw))
 
     # -- forward path ---------------------------------------------------------------------
 
-    def create(self, run_id: str, allow_after_pivot: bool = False) -> bool:
-        return self._call("create", run_id, time.time(), int(allow_after_pivot)).status == "1"
+    def create(self, run_id: str, deadline: float, allow_after_pivot: bool = False) -> bool:
+        # Indexed first: a run the reaper finds without keys is simply dropped from the index.
+        with _reachable("create"):
+            self.client.zadd(ACTIVE_RUNS_KEY, {run_id: time.time()})
+        now = time.time()
+        return self._call("create", run_id, now, int(allow_after_pivot), deadline).status == "1"
+
+    def active_runs(self) -> list[str]:
+        with _reachable("active_runs"):
+            return cast(list[str], self.client.zrange(ACTIVE_RUNS_KEY, 0, -1))
+
+    def forget(self, run_id: str) -> None:
+        """Drop an ended (or vanished) run from the reaper's index."""
+        with _reachable("forget"):
+            self.client.zrem(ACTIVE_RUNS_KEY, run_id)
 
     def view(self, run_id: str) -> RunView | None:
         keys = run_keys(run_id)
-        with self.client.pipeline(transaction=True) as pipe:
+        with _reachable("view"), self.client.pipeline(transaction=True) as pipe:
             pipe.hgetall(keys[0])
             pipe.hgetall(keys[2])
             run, inflight = pipe.execute()
@@ -177,6 +202,34 @@ class RunStore:
     def record_failure(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
         return self._call("record_failure", run_id, step, _error_json(error), time.time())
 
+    def mark_in_doubt(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
+        return self._call("mark_in_doubt", run_id, step, _error_json(error), time.time())
+
+    def resolve_in_doubt(
+        self,
+        run_id: str,
+        step: int,
+        verdict: str,
+        result_json: str,
+        entry_json: str,
+        irreversible: bool,
+        doubt: str,
+    ) -> Outcome:
+        return self._call(
+            "resolve_in_doubt",
+            run_id,
+            step,
+            verdict,
+            result_json,
+            entry_json,
+            int(irreversible),
+            doubt,
+            time.time(),
+        )
+
+    def take_over(self, run_id: str, version: str, owner: str) -> bool:
+        return self._call("take_over", run_id, version, owner, time.time()).status == "1"
+
     def abort(self, run_id: str, reason: str) -> Outcome:
         return self._call("abort", run_id, reason, time.time())
 
@@ -209,13 +262,14 @@ class RunStore:
     # -- reading --------------------------------------------------------------------------
 
     def picture(self, run_id: str) -> RunPicture | None:
-        run_key, steps_key, _, stack_key, comps_key = run_keys(run_id)
-        with self.client.pipeline(transaction=True) as pipe:
+        run_key, steps_key, inflight_key, stack_key, comps_key = run_keys(run_id)
+        with _reachable("picture"), self.client.pipeline(transaction=True) as pipe:
             pipe.hgetall(run_key)
             pipe.hgetall(steps_key)
             pipe.lrange(stack_key, 0, -1)
             pipe.hgetall(comps_key)
-            run, steps, stack, comps = pipe.execute()
+            pipe.hkeys(inflight_key)
+            run, steps, stack, comps, inflight = pipe.execute()
         if not run:
             return None
         return RunPicture(
@@ -229,7 +283,21 @@ class RunStore:
             created=float(run["created"]),
             ended=float(run["ended"]) if run.get("ended") else None,
             extra={k: run[k] for k in ("owner", "sent", "generation") if k in run},
+            updated=float(run.get("updated") or run["created"]),
+            deadline=float(run.get("deadline") or 0),
+            doubt=run.get("doubt", ""),
+            in_flight=tuple(sorted(int(s) for s in inflight)),
+            version=run.get("version", ""),
         )
+
+
+@contextmanager
+def _reachable(what: str) -> Iterator[None]:
+    """Redis being away is a saga error the caller can retry, not a library traceback."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailableError(f"saga store unreachable ({what}): {exc}") from exc
 
 
 def _error_json(error: dict[str, Any] | None) -> str:
@@ -253,6 +321,7 @@ def _steps_from(fields: dict[str, str], count: int) -> list[StepRecord]:
                 attempts=int(fields.get(f"{n}:attempts", 0)),
                 result=payload.loads(fields.get(f"{n}:result")),
                 error=payload.loads(fields.get(f"{n}:error") or None),
+                reconciled=fields.get(f"{n}:reconciled", ""),
             )
         )
     return steps

@@ -26,11 +26,16 @@ from saga.retry import DEFAULT_COMPENSATION_RETRY, DEFAULT_RETRY, RetryPolicy
 ToolFunction = Callable[..., Any]
 #: Builds the undo from the call's (JSON) arguments and its result.
 CompensationBuilder = Callable[[dict[str, Any], Any], Undo]
+#: Finds a step's effect by its idempotency key: the result the call returned, or None if the
+#: effect never happened. Used to reconcile a step whose outcome is in doubt.
+EffectLookup = Callable[[str, dict[str, Any]], Any]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _CONTEXT_PARAMETER = "ctx"
-_TOOL_OPTIONS = frozenset({"name", "compensation", "retry", "offered", "description"})
-_COMPENSATION_OPTIONS = frozenset({"name", "retry", "description", "offered"})
+_TOOL_OPTIONS = frozenset({"name", "compensation", "retry", "offered", "description", "lookup"})
+#: A compensation is never offered to the agent; register a tool with ``tool()`` to offer it
+#: (any registered tool can be named in an ``Undo``, as ``set_ticket_status`` undoes itself).
+_COMPENSATION_OPTIONS = frozenset({"name", "retry", "description"})
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class Tool:
     description: str
     schema: type[BaseModel]
     wants_context: bool
+    lookup: EffectLookup | None = None
 
     def validate(self, args: dict[str, Any]) -> dict[str, Any]:
         """Check ``args`` against the schema; return them in JSON form, ready to send."""
@@ -95,7 +101,8 @@ class ToolRegistry:
         """Register a forward tool of ``tool_class``.
 
         Options: ``compensation`` (required for classes 3 and 4, refused otherwise), ``retry``,
-        ``name``, ``description``, ``offered`` (default True: the agent may call it).
+        ``name``, ``description``, ``offered`` (default True: the agent may call it), ``lookup``
+        (writes only: finds the effect by idempotency key when the step's outcome is in doubt).
         """
         _refuse_unknown(options, _TOOL_OPTIONS)
         try:
@@ -118,6 +125,9 @@ class ToolRegistry:
                 )
             if compensation is not None and not callable(compensation):
                 raise ToolDefinitionError(f"compensation of {name} must be callable")
+            lookup = options.get("lookup")
+            if lookup is not None and (not callable(lookup) or not klass.is_write):
+                raise ToolDefinitionError(f"lookup of {name} must be callable, on a write tool")
             self._add(func, klass, options, DEFAULT_RETRY, offered_default=True)
             return func
 
@@ -162,7 +172,11 @@ class ToolRegistry:
         return len(self._tools)
 
     def _known(self, offered: bool = False) -> str:
-        names = sorted(t.name for t in self._tools.values() if t.offered or not offered)
+        names = sorted(
+            t.name
+            for t in self._tools.values()
+            if not offered or (t.offered and t.tool_class is not None)
+        )
         return ", ".join(names) or "(none)"
 
     def _add(
@@ -192,6 +206,7 @@ class ToolRegistry:
             description=options.get("description") or inspect.getdoc(func) or "",
             schema=schema,
             wants_context=wants_context,
+            lookup=options.get("lookup"),
         )
 
 

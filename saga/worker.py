@@ -8,28 +8,36 @@ stored and the message acked, so a crash could lose the push or make it twice.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
 from celery.canvas import signature
 from celery.exceptions import Ignore
+from celery.signals import task_revoked, worker_init
 
 from saga import payload
 from saga.constants import (
     CONCLUDE_UNWIND_TASK,
-    compensation_idempotency_key,
+    REAP_TASK,
+    TOOL_TASK_PREFIX,
     step_idempotency_key,
     tool_task_name,
 )
 from saga.errors import (
-    CompensationBuildError,
     InvalidArgumentsError,
-    PayloadError,
+    RunEndedError,
     StepFailedError,
+    StepInDoubtError,
+    StoreUnavailableError,
 )
+from saga.guard import configuration_problems
 from saga.model import StepContext, ToolClass
+from saga.reaper import mark_in_doubt
 from saga.retry import RetryPolicy
+from saga.testing import FAULTS_ENV, faults_enabled
 
 if TYPE_CHECKING:
     from saga.engine import Saga
@@ -48,9 +56,42 @@ _TASK_OPTIONS: dict[str, Any] = {
 
 
 def install(app: Celery, saga: Saga) -> None:
-    """Register every tool of ``saga.registry`` and the conclude task on ``app``."""
+    """Register every tool of ``saga.registry``, the conclude and reap tasks, the start-up
+    guard and the revoke handler on ``app``."""
     for tool in saga.registry:
         _install_tool(app, saga, tool)
+
+    @app.task(name=REAP_TASK, bind=True, ignore_result=True, shared=False)
+    def reap(self: Task) -> dict[str, int]:
+        report = saga.reap()
+        return {
+            "examined": report.examined,
+            "abandoned": len(report.abandoned),
+            "in_doubt": len(report.in_doubt),
+            "never_started": len(report.never_started),
+            "resumed": len(report.resumed),
+        }
+
+    def refuse_unsafe_configuration(sender: Any = None, **_: Any) -> None:
+        problems = configuration_problems(
+            app.conf, (t.retry for t in saga.registry), [saga.store.client]
+        )
+        if faults_enabled():
+            logger.warning("FAULT INJECTION IS ENABLED (%s=1): never in production", FAULTS_ENV)
+        if problems:
+            message = "saga: refusing to start the worker:\n  - " + "\n  - ".join(problems)
+            logger.critical(message)
+            print(message, file=sys.stderr)
+            # Celery's signal dispatch swallows exceptions, not SystemExit.
+            raise SystemExit(78)
+
+    def step_revoked(sender: Any = None, request: Any = None, **info: Any) -> None:
+        _on_revoked(saga, request, bool(info.get("terminated")))
+
+    worker_init.connect(
+        refuse_unsafe_configuration, weak=False, dispatch_uid=f"saga-guard-{id(app)}"
+    )
+    task_revoked.connect(step_revoked, weak=False, dispatch_uid=f"saga-revoked-{id(app)}")
 
     @app.task(name=CONCLUDE_UNWIND_TASK, **{**_TASK_OPTIONS, "max_retries": 20})
     def conclude_unwind(self: Task, run_id: str) -> str:
@@ -78,6 +119,30 @@ def _install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
         return _forward(saga, self, tool, run_id, step, args or {})
 
 
+def _on_revoked(saga: Saga, request: Any, terminated: bool) -> None:
+    """A revoked step is a failure, and one that was running when revoked is in doubt."""
+    kwargs = getattr(request, "kwargs", None) or {}
+    name = str(getattr(request, "name", "") or getattr(request, "task", ""))
+    run_id = kwargs.get("run_id")
+    if not name.startswith(TOOL_TASK_PREFIX) or run_id is None:
+        return
+    error = {"type": "Revoked", "message": f"{name} was revoked (terminated: {terminated})"}
+    try:
+        if kwargs.get("compensates") is not None:
+            saga.store.record_compensation(run_id, int(kwargs["compensates"]), "failed", error)
+        elif terminated:
+            mark_in_doubt(saga, run_id, int(kwargs["step"]), error)
+        elif saga.store.record_failure(run_id, int(kwargs["step"]), error).owns_unwind:
+            saga.start_unwind(run_id, f"step:{kwargs['step']}")
+    except Exception:
+        logger.exception("run %s: could not record the revoke of %s", run_id, name)
+
+
+def _strike(saga: Saga, point: str, tool: Tool) -> None:
+    if saga.faults is not None:
+        saga.faults.strike(point, tool.name)
+
+
 def _error(exc: BaseException, attempt: int) -> dict[str, Any]:
     return {"type": type(exc).__name__, "message": str(exc)[:2000], "attempt": attempt}
 
@@ -99,6 +164,8 @@ def _forward(
     store = saga.store
     begin = store.begin_step(run_id, step)
     if begin.status == "succeeded":  # a redelivery: replay, never re-apply
+        if int(begin.values[1]) == 1:
+            saga.start_unwind(run_id, f"step:{step}")
         return payload.loads(begin.values[0])
     if begin.status == "failed":
         _settle_failure(saga, run_id, step, payload.loads(begin.values[0]) or {})
@@ -109,20 +176,28 @@ def _forward(
         logger.warning("run %s step %d (%s) not run: %s", run_id, step, tool.name, begin.status)
         raise Ignore()
     attempt = int(begin.values[0])
-    if attempt > tool.retry.attempts:
-        # Only redeliveries push past the policy (the worker died mid-step each time).
-        error = {"type": "AttemptsExceeded", "message": f"{attempt - 1} deliveries, none settled"}
-        _settle_failure(saga, run_id, step, error)
-        raise StepFailedError(run_id, step, tool.name, error["message"])
+    if attempt > tool.retry.attempts + saga.settings.max_redeliveries:
+        # Only redeliveries push this far (the worker died mid-step each time): stop looping,
+        # and let the lookup say whether the effect happened.
+        message = f"started {attempt - 1} times without an outcome (a crash loop?)"
+        mark_in_doubt(saga, run_id, step, {"type": "AttemptsExceeded", "message": message})
+        raise StepInDoubtError(f"run {run_id} step {step} ({tool.name}): {message}")
     ctx = StepContext(run_id, step, step_idempotency_key(run_id, step), attempt)
     try:
+        _strike(saga, "before_effect", tool)
         result = _call(tool, ctx, args)
+        _strike(saga, "after_effect", tool)
     except Exception as exc:
         if _retryable(exc) and tool.retry.allows_another(attempt):
             raise task.retry(exc=exc, countdown=tool.retry.delay(attempt)) from exc
         _settle_failure(saga, run_id, step, _error(exc, attempt))
         raise
-    _settle_success(saga, tool, run_id, step, args, result)
+    try:
+        _settle_success(saga, tool, run_id, step, args, result)
+    except StoreUnavailableError as exc:
+        # The effect happened but is not recorded: the step must not look successful. Try
+        # again later (the tool's idempotency key answers the repeat with the same effect).
+        raise task.retry(exc=exc, countdown=tool.retry.delay(attempt)) from exc
     return result
 
 
@@ -135,41 +210,16 @@ def _settle_failure(saga: Saga, run_id: str, step: int, error: dict[str, Any]) -
 def _settle_success(
     saga: Saga, tool: Tool, run_id: str, step: int, args: dict[str, Any], result: Any
 ) -> None:
-    """Record the result, push the undo and mark the pivot in one script.
-
-    The effect already happened, so a result or undo that cannot be recorded does not fail the
-    step: it is recorded as an undo that cannot run, and the run is aborted, which escalates.
-    """
-    limit = saga.settings.max_payload_bytes
-    problem = ""
-    try:
-        result_json = payload.dumps(result, what=f"result of {tool.name}", limit=limit)
-    except PayloadError as exc:
-        problem = str(exc)
-        result_json = payload.dumps({"unrecorded": problem}, what="result", limit=limit)
-    entry_json = ""
-    if tool.compensation is not None:
-        entry: dict[str, Any] = {
-            "step": step,
-            "idempotency_key": compensation_idempotency_key(run_id, step),
-        }
-        try:
-            undo = tool.build_undo(args, result)
-            entry.update(tool=undo.tool, args=saga.registry.check_undo(undo))
-            entry["description"] = undo.description or f"{undo.tool} for step {step}"
-            entry_json = payload.dumps(entry, what=f"undo of {tool.name}", limit=limit)
-        except (CompensationBuildError, PayloadError) as exc:
-            problem = problem or str(exc)
-            entry.update(tool="", args={}, broken=True)
-            entry["description"] = f"cannot undo step {step} ({tool.name}): {exc}"
-            entry_json = payload.dumps(entry, what="undo", limit=limit)
+    """Record the result, push the undo and mark the pivot in one script."""
+    result_json, entry_json, problem = saga.encode_effect(tool, run_id, step, args, result)
     irreversible = tool.tool_class is ToolClass.IRREVERSIBLE_WRITE
     outcome = saga.store.record_success(run_id, step, result_json, entry_json, irreversible)
     if outcome.owns_unwind:
         saga.start_unwind(run_id, f"step:{step}")
     if problem:
         logger.error("run %s step %d (%s): %s; aborting the run", run_id, step, tool.name, problem)
-        saga.abort(run_id, f"step {step} ({tool.name}): {problem}")
+        with contextlib.suppress(RunEndedError):  # already failing: the unwind meets it anyway
+            saga.abort(run_id, f"step {step} ({tool.name}): {problem}")
 
 
 def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int) -> Any:
@@ -179,9 +229,18 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int) -> A
         logger.info("run %s: compensation of step %d not run: %s", run_id, step, begin.status)
         return {"compensated": step, "replayed": True}
     attempt, entry = int(begin.values[0]), payload.loads(begin.values[1])
+    if attempt > tool.retry.attempts + saga.settings.max_redeliveries:
+        message = f"started {attempt - 1} times without an outcome (a crash loop?)"
+        store.record_compensation(
+            run_id, step, "failed", {"type": "AttemptsExceeded", "message": message}
+        )
+        _continue_chain(task)
+        raise StepInDoubtError(f"run {run_id}: compensation of step {step}: {message}")
     ctx = StepContext(run_id, step, entry["idempotency_key"], attempt, compensating=True)
     try:
+        _strike(saga, "before_compensation", tool)
         _call(tool, ctx, entry["args"])
+        _strike(saga, "after_compensation", tool)
     except Exception as exc:
         if _retryable(exc) and tool.retry.allows_another(attempt):
             store.record_compensation(run_id, step, "retrying", _error(exc, attempt))

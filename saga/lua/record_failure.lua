@@ -8,7 +8,7 @@ if st == 'failed' then
   local mine = redis.call('HGET', RUN, 'owner') == owner and redis.call('HGET', RUN, 'sent') == '0'
   return {'dup', mine and 1 or 0}
 end
-if st ~= 'running' and st ~= 'dispatched' then return {'conflict', st} end
+if st ~= 'running' and st ~= 'dispatched' and st ~= 'in_doubt' then return {'conflict', st} end
 redis.call('HSET', STEPS, n .. ':state', 'failed', n .. ':error', ARGV[2])
 redis.call('HDEL', INFLIGHT, n)
 if redis.call('HGET', RUN, 'state') == 'running' then

@@ -3,7 +3,8 @@
 local n = ARGV[1]
 local st = redis.call('HGET', STEPS, n .. ':state')
 if st == 'succeeded' then return {'dup', 0} end
-if st ~= 'running' and st ~= 'dispatched' then return {'conflict', st} end
+-- An in-doubt step that turns out to have succeeded is settled by the truth.
+if st ~= 'running' and st ~= 'dispatched' and st ~= 'in_doubt' then return {'conflict', st} end
 redis.call('HSET', STEPS, n .. ':state', 'succeeded', n .. ':result', ARGV[2])
 if ARGV[3] ~= '' then
   redis.call('RPUSH', STACK, ARGV[3])

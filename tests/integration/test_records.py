@@ -1,0 +1,433 @@
+"""Runs and escalations recorded for people, on SQLite and on PostgreSQL.
+
+Every test runs on both databases: a file in ``tmp_path`` for SQLite, a schema of its own
+(dropped afterwards) for PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, func, inspect, select, text
+from sqlalchemy.exc import OperationalError
+
+from saga.model import CompensationState, RunState, StepState, ToolClass
+from saga.records import EscalationRecord, RecordStore, RunRecord
+from saga.rules import REASON_AFTER_PIVOT, REASON_COMPENSATION_FAILED
+from saga.stack import CompensationRecord, RunPicture, StepRecord
+from tests.conftest import service_missing
+
+POSTGRES_URL = os.environ.get(
+    "SAGA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+CREATED = 1_700_000_000.25
+ENDED = 1_700_000_042.5
+
+UNICODE_NOTE = "Zoë’s refund — ✓ 退款 🧾"
+NESTED: dict[str, Any] = {
+    "note": UNICODE_NOTE,
+    "lines": [{"sku": "A-1", "qty": 2, "tags": ["gift", "ñ"]}, {"sku": "B-2", "qty": 1}],
+    "meta": {"deep": {"deeper": [1, 2.5, None, True, False, {"k": "√"}]}},
+}
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def records(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RecordStore]:
+    """A RecordStore on an empty database of this test's own."""
+    if request.param == "sqlite":
+        store = RecordStore(f"sqlite:///{tmp_path / 'records.db'}")
+        yield store
+        store.dispose()
+        return
+
+    schema = f"t_{uuid.uuid4().hex}"
+    admin = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 5})
+    try:
+        with admin.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        service_missing(f"no PostgreSQL at {POSTGRES_URL} ({exc.orig})")
+    separator = "&" if "?" in POSTGRES_URL else "?"
+    store = RecordStore(f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}")
+    try:
+        # the tables went into this test's schema, not into public
+        assert {"saga_runs", "saga_escalations"} <= set(
+            inspect(admin).get_table_names(schema=schema)
+        )
+        yield store
+    finally:
+        store.dispose()
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+# -- pictures built by hand ----------------------------------------------------------------
+
+
+def step(
+    number: int,
+    tool: str,
+    tool_class: ToolClass,
+    state: StepState = StepState.SUCCEEDED,
+    *,
+    args: dict[str, Any] | None = None,
+    result: Any = None,
+    error: dict[str, Any] | None = None,
+) -> StepRecord:
+    return StepRecord(
+        step=number,
+        tool=tool,
+        tool_class=tool_class,
+        args=args if args is not None else {"order_id": 4921},
+        state=state,
+        attempts=1,
+        result=result,
+        error=error,
+    )
+
+
+def undo_entry(run_id: str, number: int, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "step": number,
+        "idempotency_key": f"{run_id}:{number}:undo",
+        "tool": tool,
+        "args": args,
+        "description": f"{tool} for step {number}",
+    }
+
+
+def picture(
+    run_id: str,
+    steps: list[StepRecord],
+    *,
+    state: RunState = RunState.UNWINDING,
+    reason: str = "",
+    pivot_step: int | None = None,
+    stack: list[dict[str, Any]] | None = None,
+    compensations: list[CompensationRecord] | None = None,
+    ended: float | None = ENDED,
+    generation: str = "0",
+) -> RunPicture:
+    return RunPicture(
+        run_id=run_id,
+        state=state,
+        reason=reason,
+        pivot_step=pivot_step,
+        steps=steps,
+        stack=stack or [],
+        compensations=compensations or [],
+        created=CREATED,
+        ended=ended,
+        extra={"owner": "step:4", "sent": "1", "generation": generation},
+    )
+
+
+def failed_compensation_picture(run_id: str, generation: str = "0") -> RunPicture:
+    """The seed's run: credit and status undone partly; the credit reversal failed."""
+    credit = undo_entry(run_id, 2, "reverse_credit", {"credit_id": "cr_9104_1"})
+    status = undo_entry(run_id, 3, "set_ticket_status", {"ticket_id": 9104, "status": "open"})
+    return picture(
+        run_id,
+        [
+            step(1, "get_order", ToolClass.READ, result={"order_id": 4921}),
+            step(2, "issue_credit", ToolClass.COMPENSATABLE_WRITE, result={"id": "cr_9104_1"}),
+            step(3, "set_ticket_status", ToolClass.REVERSIBLE_WRITE, result={"was": "open"}),
+            step(
+                4,
+                "send_reply",
+                ToolClass.IRREVERSIBLE_WRITE,
+                StepState.FAILED,
+                error={"type": "SMTPError", "message": "mail service down"},
+            ),
+        ],
+        reason="step 4 failed",
+        stack=[credit],
+        compensations=[
+            CompensationRecord(
+                step=2,
+                entry=credit,
+                state=CompensationState.FAILED,
+                attempts=5,
+                error={"type": "HTTPError", "message": "billing 503"},
+            ),
+            CompensationRecord(step=3, entry=status, state=CompensationState.DONE, attempts=1),
+        ],
+        generation=generation,
+    )
+
+
+def as_utc(moment: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes (stored as UTC); PostgreSQL aware ones."""
+    if moment is None:
+        return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def count(records: RecordStore, model: type[RunRecord] | type[EscalationRecord]) -> int:
+    with records.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(model)).scalar_one())
+
+
+# -- runs ----------------------------------------------------------------------------------
+
+
+def test_recorded_run_is_read_back(records: RecordStore) -> None:
+    """``record_run`` then ``run()`` gives the state, reason, times and every step."""
+    # Given a completed run of two steps
+    run_id = uuid.uuid4().hex
+    run = picture(
+        run_id,
+        [
+            step(1, "get_order", ToolClass.READ, result={"order_id": 4921}),
+            step(
+                2,
+                "set_priority",
+                ToolClass.CONVERGENT_WRITE,
+                StepState.FAILED,
+                args={"priority": "high"},
+                error={"type": "Timeout", "message": "slow"},
+            ),
+        ],
+        state=RunState.COMPLETED,
+    )
+
+    # When it is recorded
+    records.record_run(run, RunState.COMPLETED.value, "done by agent")
+    stored = records.run(run_id)
+
+    # Then it reads back as written
+    assert stored is not None
+    assert (stored.run_id, stored.state, stored.reason) == (run_id, "completed", "done by agent")
+    assert as_utc(stored.created_at) == datetime.fromtimestamp(CREATED, UTC)
+    assert as_utc(stored.ended_at) == datetime.fromtimestamp(ENDED, UTC)
+    assert stored.steps == [
+        {
+            "step": 1,
+            "tool": "get_order",
+            "tool_class": 1,
+            "args": {"order_id": 4921},
+            "state": "succeeded",
+            "attempts": 1,
+            "result": {"order_id": 4921},
+            "error": None,
+            "reconciled": "",
+        },
+        {
+            "step": 2,
+            "tool": "set_priority",
+            "tool_class": 2,
+            "args": {"priority": "high"},
+            "state": "failed",
+            "attempts": 1,
+            "result": None,
+            "error": {"type": "Timeout", "message": "slow"},
+            "reconciled": "",
+        },
+    ]
+    assert records.run(uuid.uuid4().hex) is None
+
+
+def test_run_without_an_end_time_is_stamped_now(records: RecordStore) -> None:
+    """A picture read before the end was stamped gets the time of recording."""
+    run_id = uuid.uuid4().hex
+    before = time.time()
+
+    records.record_run(picture(run_id, [], ended=None), "escalated", "x")
+
+    stored = records.run(run_id)
+    assert stored is not None
+    ended = as_utc(stored.ended_at)
+    assert ended is not None
+    assert before - 1 <= ended.timestamp() <= time.time() + 1
+
+
+def test_writing_the_same_run_twice_is_an_upsert(records: RecordStore) -> None:
+    """A redelivered conclusion rewrites the one row, holding the latest state."""
+    run_id = uuid.uuid4().hex
+    other = uuid.uuid4().hex
+    first = picture(run_id, [step(1, "get_order", ToolClass.READ)])
+    later = picture(
+        run_id,
+        [
+            step(1, "get_order", ToolClass.READ),
+            step(2, "issue_credit", ToolClass.COMPENSATABLE_WRITE),
+        ],
+    )
+
+    records.record_run(first, "unwinding", "step 2 failed")
+    records.record_run(picture(other, []), "completed", "")
+    records.record_run(later, "escalated", REASON_COMPENSATION_FAILED)
+
+    assert count(records, RunRecord) == 2
+    stored = records.run(run_id)
+    assert stored is not None
+    assert (stored.state, stored.reason) == ("escalated", REASON_COMPENSATION_FAILED)
+    assert [s["step"] for s in stored.steps] == [1, 2]
+    assert records.run(other).state == "completed"  # type: ignore[union-attr]
+
+
+def test_run_json_round_trips_nested_values_and_unicode(records: RecordStore) -> None:
+    """Arguments and results come back exactly: nesting, null/bool, floats and unicode."""
+    run_id = uuid.uuid4().hex
+    run = picture(
+        run_id,
+        [step(1, "issue_credit", ToolClass.COMPENSATABLE_WRITE, args=NESTED, result=[NESTED])],
+        reason=UNICODE_NOTE,
+    )
+
+    records.record_run(run, "compensated", UNICODE_NOTE)
+
+    stored = records.run(run_id)
+    assert stored is not None
+    assert stored.reason == UNICODE_NOTE
+    assert stored.steps[0]["args"] == NESTED
+    assert stored.steps[0]["result"] == [NESTED]
+
+
+# -- escalations ---------------------------------------------------------------------------
+
+
+def test_escalation_holds_the_whole_picture(records: RecordStore) -> None:
+    """Steps done (succeeded only), the stack, the failed undos with error and attempts, and
+    what is still live, each with why."""
+    # Given a run whose credit reversal failed after the reply could not be sent
+    run_id = uuid.uuid4().hex
+    run = failed_compensation_picture(run_id)
+
+    # When it is escalated
+    returned = records.record_escalation(run, REASON_COMPENSATION_FAILED)
+    [stored] = records.escalations(run_id)
+
+    # Then the stored record holds the whole picture
+    for record in (returned, stored):
+        assert record.escalation_id == f"{run_id}:0"
+        assert record.run_id == run_id
+        assert record.reason == REASON_COMPENSATION_FAILED
+        assert record.resolved is False
+        assert [s["step"] for s in record.steps_done] == [1, 2, 3]
+        assert {s["state"] for s in record.steps_done} == {"succeeded"}
+        assert record.steps_done[1]["result"] == {"id": "cr_9104_1"}
+        assert record.stack == run.stack
+        assert record.failed_compensations == [
+            {
+                "step": 2,
+                "undo": run.stack[0],
+                "attempts": 5,
+                "error": {"type": "HTTPError", "message": "billing 503"},
+                "state": "failed",
+            }
+        ]
+        assert record.not_undone == [
+            {
+                "step": 2,
+                "tool": "issue_credit",
+                "result": {"id": "cr_9104_1"},
+                "why": "its compensation failed",
+            }
+        ]
+    assert as_utc(stored.created_at) is not None
+
+
+def test_escalation_past_the_pivot_lists_what_was_never_unwound(records: RecordStore) -> None:
+    """Past the pivot the undos never ran: they stay on the stack and are listed as live."""
+    run_id = uuid.uuid4().hex
+    credit = undo_entry(run_id, 1, "reverse_credit", {"credit_id": "cr_1"})
+    run = picture(
+        run_id,
+        [
+            step(1, "issue_credit", ToolClass.COMPENSATABLE_WRITE, result={"id": "cr_1"}),
+            step(2, "send_reply", ToolClass.IRREVERSIBLE_WRITE, result={"mail": "m_1"}),
+            step(3, "set_priority", ToolClass.CONVERGENT_WRITE, StepState.FAILED),
+        ],
+        pivot_step=2,
+        stack=[credit],
+        compensations=[
+            CompensationRecord(1, credit, CompensationState.PENDING, attempts=0),
+        ],
+    )
+
+    record = records.record_escalation(run, REASON_AFTER_PIVOT)
+
+    # the credit's undo never ran: it is on the stack and live, but it did not fail
+    assert record.failed_compensations == []
+    assert record.stack == [credit]
+    assert [(n["step"], n["why"]) for n in records.escalations(run_id)[0].not_undone] == [
+        (1, "not unwound: the run was past its pivot"),
+        (2, "irreversible: cannot be undone"),
+    ]
+
+
+def test_the_same_escalation_written_twice_stays_one_row(records: RecordStore) -> None:
+    """A redelivered conclusion upserts the escalation; a new generation is a new one."""
+    run_id = uuid.uuid4().hex
+    run = failed_compensation_picture(run_id)
+
+    records.record_escalation(run, REASON_COMPENSATION_FAILED)
+    records.record_escalation(run, "compensation failed (again)")
+
+    assert count(records, EscalationRecord) == 1
+    [only] = records.escalations(run_id)
+    assert only.reason == "compensation failed (again)"
+
+    records.record_escalation(failed_compensation_picture(run_id, "1"), REASON_COMPENSATION_FAILED)
+    assert [e.escalation_id for e in records.escalations(run_id)] == [f"{run_id}:0", f"{run_id}:1"]
+
+
+def test_open_escalations_and_resolving_them(records: RecordStore) -> None:
+    """``resolve_escalations`` closes every escalation of one run, and only of that run."""
+    # Given two runs escalated, the first twice (before and after a requeue)
+    first, second = uuid.uuid4().hex, uuid.uuid4().hex
+    records.record_escalation(failed_compensation_picture(first), REASON_COMPENSATION_FAILED)
+    records.record_escalation(failed_compensation_picture(second), REASON_COMPENSATION_FAILED)
+    records.record_escalation(failed_compensation_picture(first, "1"), REASON_COMPENSATION_FAILED)
+    assert {e.escalation_id for e in records.escalations(open_only=True)} == {
+        f"{first}:0",
+        f"{second}:0",
+        f"{first}:1",
+    }
+
+    # When the first run's escalations are resolved
+    records.resolve_escalations(first)
+
+    # Then only the second run's is open; all three are still there
+    assert [e.escalation_id for e in records.escalations(open_only=True)] == [f"{second}:0"]
+    assert records.escalations(first, open_only=True) == []
+    everything = {e.escalation_id: e.resolved for e in records.escalations()}
+    assert everything == {f"{first}:0": True, f"{first}:1": True, f"{second}:0": False}
+    records.resolve_escalations(uuid.uuid4().hex)  # an unknown run is a no-op
+    assert len(records.escalations(open_only=True)) == 1
+
+
+def test_escalation_json_round_trips_nested_values_and_unicode(records: RecordStore) -> None:
+    """The stack entries and results come back exactly as they went in."""
+    run_id = uuid.uuid4().hex
+    entry = undo_entry(run_id, 1, "reverse_credit", NESTED)
+    run = picture(
+        run_id,
+        [step(1, "issue_credit", ToolClass.COMPENSATABLE_WRITE, args=NESTED, result=NESTED)],
+        stack=[entry],
+        compensations=[
+            CompensationRecord(
+                1, entry, CompensationState.FAILED, 3, error={"message": UNICODE_NOTE}
+            )
+        ],
+    )
+
+    records.record_escalation(run, UNICODE_NOTE)
+
+    [stored] = records.escalations(run_id)
+    assert stored.reason == UNICODE_NOTE
+    assert stored.stack == [entry]
+    assert stored.steps_done[0]["args"] == NESTED
+    assert stored.failed_compensations[0]["undo"]["args"] == NESTED
+    assert stored.failed_compensations[0]["error"] == {"message": UNICODE_NOTE}
+    assert stored.not_undone[0]["result"] == NESTED

@@ -1,0 +1,719 @@
+"""The compensation stack in a real Redis, driven script by script the way a worker drives it.
+
+No worker and no broker: every call below is one of the Lua scripts a worker, the dispatcher or
+the unwind would run, so each fence (duplicate success, unwind ownership, conclusion, requeue) is
+proven on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from saga import payload
+from saga.constants import compensation_idempotency_key, run_keys
+from saga.errors import StoreUnavailableError
+from saga.model import CompensationState, RunState, StepState, ToolClass
+from saga.stack import Outcome, RunStore
+
+RETENTION = 60
+DEADLINE = 900.0
+
+NewRun = Callable[..., str]
+
+
+@pytest.fixture
+def store(redis_url: str) -> Iterator[RunStore]:
+    run_store = RunStore.from_url(redis_url, retention_seconds=RETENTION)
+    yield run_store
+    run_store.client.close()
+
+
+@pytest.fixture
+def new_run(store: RunStore) -> Iterator[NewRun]:
+    """Create runs with fresh ids; delete all their keys afterwards."""
+    created: list[str] = []
+
+    def make(allow_after_pivot: bool = False) -> str:
+        run_id = uuid.uuid4().hex
+        assert store.create(run_id, deadline=DEADLINE, allow_after_pivot=allow_after_pivot)
+        created.append(run_id)
+        return run_id
+
+    yield make
+    for run_id in created:
+        store.client.delete(*run_keys(run_id))
+        store.forget(run_id)
+
+
+# -- helpers: what a dispatcher and a worker do --------------------------------------------
+
+
+def reserve(store: RunStore, run_id: str, tool: str, tool_class: ToolClass) -> int:
+    """The dispatcher's half: read the view, reserve the next step."""
+    view = store.view(run_id)
+    assert view is not None
+    outcome = store.reserve(view, tool, tool_class, json.dumps({"tool": tool}))
+    assert outcome.status == "ok", outcome
+    return int(outcome.values[0])
+
+
+def start(store: RunStore, run_id: str, tool: str, tool_class: ToolClass) -> int:
+    """Reserve a step and begin it, as the worker that picks it up would."""
+    step = reserve(store, run_id, tool, tool_class)
+    begin = store.begin_step(run_id, step)
+    assert begin.status == "run", begin
+    return step
+
+
+def entry_json(run_id: str, step: int, tool: str) -> str:
+    """The stack entry a worker pushes for a step whose tool has a compensation."""
+    entry = {
+        "step": step,
+        "idempotency_key": compensation_idempotency_key(run_id, step),
+        "tool": tool,
+        "args": {"ref": f"ref-{step}"},
+        "description": f"{tool} for step {step}",
+    }
+    return payload.dumps(entry, what="undo", limit=10_000)
+
+
+def succeed(
+    store: RunStore, run_id: str, step: int, undo: str = "", *, pivot: bool = False
+) -> Outcome:
+    result = payload.dumps({"step": step, "ok": True}, what="result", limit=10_000)
+    entry = entry_json(run_id, step, undo) if undo else ""
+    return store.record_success(run_id, step, result, entry, pivot)
+
+
+def fail(store: RunStore, run_id: str, step: int, message: str = "boom") -> Outcome:
+    return store.record_failure(run_id, step, {"type": "RuntimeError", "message": message})
+
+
+def run_hash(store: RunStore, run_id: str) -> dict[str, str]:
+    return store.client.hgetall(run_keys(run_id)[0])  # type: ignore[return-value]
+
+
+def stack_of(store: RunStore, run_id: str) -> list[dict[str, Any]]:
+    return [json.loads(e) for e in store.client.lrange(run_keys(run_id)[3], 0, -1)]  # type: ignore[union-attr]
+
+
+def version(store: RunStore, run_id: str) -> int:
+    return int(run_hash(store, run_id)["version"])
+
+
+def three_writes_and_abort(store: RunStore, run_id: str) -> None:
+    """Three undoable writes succeed, then the run is aborted: an unwind with three entries."""
+    for tool, klass in [
+        ("issue_credit", ToolClass.COMPENSATABLE_WRITE),
+        ("set_ticket_status", ToolClass.REVERSIBLE_WRITE),
+        ("hold_stock", ToolClass.COMPENSATABLE_WRITE),
+    ]:
+        step = start(store, run_id, tool, klass)
+        assert succeed(store, run_id, step, f"undo_{tool}").status == "ok"
+    aborted = store.abort(run_id, "agent gave up")
+    assert (aborted.status, aborted.owns_unwind) == ("ok", True)
+
+
+# -- create / view -------------------------------------------------------------------------
+
+
+def test_create_is_once_only_and_view_reads_the_new_run(store: RunStore, new_run: NewRun) -> None:
+    """A run id is created once; its first view is running, version 0, nothing in flight."""
+    run_id = new_run(allow_after_pivot=True)
+
+    assert store.create(run_id, deadline=DEADLINE) is False
+    view = store.view(run_id)
+    assert view is not None
+    assert (view.state, view.version, view.pivot_step, view.in_flight) == (
+        RunState.RUNNING,
+        "0",
+        None,
+        {},
+    )
+    assert view.allow_after_pivot is True
+    assert store.view(uuid.uuid4().hex) is None
+    assert store.picture(uuid.uuid4().hex) is None
+
+
+# -- record_success ------------------------------------------------------------------------
+
+
+def test_duplicated_success_pushes_once(store: RunStore, new_run: NewRun) -> None:
+    """The same success recorded twice pushes one entry, bumps the version once, says dup."""
+    # Given a running compensatable step
+    run_id = new_run()
+    step = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    before = version(store, run_id)
+
+    # When its success is recorded twice (a redelivered message)
+    first = succeed(store, run_id, step, "reverse_credit")
+    second = succeed(store, run_id, step, "reverse_credit")
+
+    # Then the second is a no-op
+    assert first == Outcome("ok", (0,))
+    assert second.status == "dup"
+    assert second.owns_unwind is False
+    assert store.client.llen(run_keys(run_id)[3]) == 1
+    assert version(store, run_id) == before + 1
+    picture = store.picture(run_id)
+    assert picture is not None
+    assert picture.step(step).state is StepState.SUCCEEDED
+    assert picture.step(step).result == {"step": step, "ok": True}
+    assert [c.step for c in picture.compensations] == [step]
+    assert picture.compensations[0].state is CompensationState.PENDING
+    assert store.view(run_id).in_flight == {}  # type: ignore[union-attr]
+
+
+def test_success_without_an_undo_pushes_nothing(store: RunStore, new_run: NewRun) -> None:
+    """A read or convergent write leaves the stack and the compensations empty."""
+    run_id = new_run()
+    step = start(store, run_id, "get_order", ToolClass.READ)
+
+    assert succeed(store, run_id, step).status == "ok"
+
+    picture = store.picture(run_id)
+    assert picture is not None
+    assert (picture.stack, picture.compensations) == ([], [])
+
+
+def test_pivot_is_set_by_the_first_irreversible_success_only(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """Reversible successes do not move the pivot; the first irreversible one does, once."""
+    # Given a reversible step and two irreversible steps in flight
+    run_id = new_run()
+    credit = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    mail = start(store, run_id, "send_reply", ToolClass.IRREVERSIBLE_WRITE)
+    hook = start(store, run_id, "post_webhook", ToolClass.IRREVERSIBLE_WRITE)
+
+    # When the reversible one settles, no pivot yet
+    succeed(store, run_id, credit, "reverse_credit")
+    assert store.view(run_id).pivot_step is None  # type: ignore[union-attr]
+
+    # When the later irreversible step settles first, then the earlier one
+    succeed(store, run_id, hook, pivot=True)
+    succeed(store, run_id, mail, pivot=True)
+
+    # Then the pivot is the first to settle, and it stays there
+    assert store.view(run_id).pivot_step == hook  # type: ignore[union-attr]
+    assert run_hash(store, run_id)["pivot"] == str(hook)
+    assert store.picture(run_id).pivot_step == hook  # type: ignore[union-attr]
+
+
+def test_success_of_a_step_that_failed_is_a_conflict(store: RunStore, new_run: NewRun) -> None:
+    """A late success cannot overwrite a recorded failure."""
+    run_id = new_run()
+    step = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    fail(store, run_id, step)
+
+    late = succeed(store, run_id, step, "reverse_credit")
+
+    assert late == Outcome("conflict", ("failed",))
+    assert stack_of(store, run_id) == []
+
+
+# -- unwind ownership ----------------------------------------------------------------------
+
+
+def test_two_failures_start_one_unwind(store: RunStore, new_run: NewRun) -> None:
+    """Steps 2 and 3 both fail: the first does not own (3 in flight), the last does."""
+    # Given a read that succeeded and two writes in flight
+    run_id = new_run()
+    read = start(store, run_id, "get_order", ToolClass.READ)
+    succeed(store, run_id, read)
+    two = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    three = start(store, run_id, "set_ticket_status", ToolClass.REVERSIBLE_WRITE)
+    assert (two, three) == (2, 3)
+
+    # When both fail
+    first = fail(store, run_id, two, "credit api down")
+    run_after_first = run_hash(store, run_id)
+    second = fail(store, run_id, three, "tickets api down")
+
+    # Then exactly one owns the unwind: the one that settled last
+    assert [first.owns_unwind, second.owns_unwind] == [False, True]
+    assert (first.status, second.status) == ("ok", "ok")
+    assert run_after_first["state"] == "unwinding"
+    assert run_after_first["owner"] == ""
+    run = run_hash(store, run_id)
+    assert (run["state"], run["owner"], run["sent"]) == ("unwinding", "step:3", "0")
+    assert run["reason"] == "step 2 failed"
+    assert store.owner(run_id) == "step:3"
+
+
+def test_the_step_that_settles_last_owns_even_by_succeeding(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """A failure with a step still in flight waits; that step's success takes the unwind."""
+    run_id = new_run()
+    one = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    two = start(store, run_id, "set_ticket_status", ToolClass.REVERSIBLE_WRITE)
+
+    failed = fail(store, run_id, one)
+    settled = succeed(store, run_id, two, "restore_status")
+
+    assert failed.owns_unwind is False
+    assert settled == Outcome("ok", (1,))
+    assert store.owner(run_id) == f"step:{two}"
+    assert [e["step"] for e in stack_of(store, run_id)] == [two]
+
+
+def test_redelivered_failure_owns_again_only_until_sent(store: RunStore, new_run: NewRun) -> None:
+    """A redelivered errback resumes the unwind it owned and never sent, and nothing else."""
+    # Given a single step that failed and so owns the unwind
+    run_id = new_run()
+    step = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    first = fail(store, run_id, step)
+    assert first.owns_unwind is True
+    before = version(store, run_id)
+
+    # When the failure is delivered again before the chain was sent
+    again = fail(store, run_id, step)
+
+    # Then it is a duplicate that still owns the unwind, and nothing changed
+    assert again.status == "dup"
+    assert again.owns_unwind is True
+    assert version(store, run_id) == before
+
+    # When the owner marks the chain sent (a stranger cannot)
+    assert store.mark_sent(run_id, "step:99") is False
+    assert run_hash(store, run_id)["sent"] == "0"
+    assert store.mark_sent(run_id, f"step:{step}") is True
+
+    # Then a further redelivery no longer owns it
+    late = fail(store, run_id, step)
+    assert (late.status, late.owns_unwind) == ("dup", False)
+
+
+def test_redelivered_failure_of_a_non_owner_does_not_own(store: RunStore, new_run: NewRun) -> None:
+    """The step that failed first (while another was in flight) never owns, even redelivered."""
+    run_id = new_run()
+    two = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    three = start(store, run_id, "set_ticket_status", ToolClass.REVERSIBLE_WRITE)
+    fail(store, run_id, two)
+    assert fail(store, run_id, three).owns_unwind is True
+
+    again = fail(store, run_id, two)
+
+    assert (again.status, again.owns_unwind) == ("dup", False)
+    assert store.owner(run_id) == f"step:{three}"
+
+
+# -- begin_step ----------------------------------------------------------------------------
+
+
+def test_begin_step_counts_attempts_and_replays_outcomes(store: RunStore, new_run: NewRun) -> None:
+    """Each delivery counts an attempt; a settled step replays its result or its error."""
+    run_id = new_run()
+    good = reserve(store, run_id, "get_order", ToolClass.READ)
+    bad = reserve(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+
+    assert store.begin_step(run_id, good) == Outcome("run", (1,))
+    assert store.begin_step(run_id, good) == Outcome("run", (2,))
+    assert store.begin_step(run_id, bad) == Outcome("run", (1,))
+    succeed(store, run_id, good)
+    fail(store, run_id, bad, "card declined")
+
+    replay = store.begin_step(run_id, good)
+    assert replay.status == "succeeded"
+    assert json.loads(replay.values[0]) == {"step": good, "ok": True}
+    failed = store.begin_step(run_id, bad)
+    assert failed.status == "failed"
+    assert json.loads(failed.values[0]) == {"type": "RuntimeError", "message": "card declined"}
+    assert store.picture(run_id).step(good).attempts == 2  # type: ignore[union-attr]
+    assert store.begin_step(run_id, 99) == Outcome("unknown")
+    assert store.begin_step(uuid.uuid4().hex, 1) == Outcome("unknown")
+
+
+def test_dispatched_step_of_an_unwinding_run_is_skipped_and_takes_ownership(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """A step not yet started when the run began failing is skipped; as the last, it owns."""
+    # Given step 1 running and step 2 dispatched but not picked up
+    run_id = new_run()
+    one = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    two = reserve(store, run_id, "set_ticket_status", ToolClass.REVERSIBLE_WRITE)
+
+    # When step 1 fails, step 2 is still in flight, so nobody owns yet
+    assert fail(store, run_id, one).owns_unwind is False
+    before = version(store, run_id)
+
+    # When step 2 is picked up
+    skipped = store.begin_step(run_id, two)
+
+    # Then it is skipped without running, and as the last to settle it owns the unwind
+    assert skipped == Outcome("skip", (1,))
+    picture = store.picture(run_id)
+    assert picture is not None
+    assert picture.step(two).state is StepState.SKIPPED
+    assert picture.step(two).attempts == 0
+    assert store.view(run_id).in_flight == {}  # type: ignore[union-attr]
+    assert store.owner(run_id) == f"step:{two}"
+    assert version(store, run_id) == before + 1
+    assert store.begin_step(run_id, two) == Outcome("skipped")
+
+
+def test_skip_with_another_step_in_flight_does_not_own(store: RunStore, new_run: NewRun) -> None:
+    """A skip is only the owner when nothing else is in flight."""
+    run_id = new_run()
+    one = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    two = reserve(store, run_id, "set_ticket_status", ToolClass.REVERSIBLE_WRITE)
+    three = start(store, run_id, "hold_stock", ToolClass.COMPENSATABLE_WRITE)
+    fail(store, run_id, one)
+
+    assert store.begin_step(run_id, two) == Outcome("skip", (0,))
+    assert succeed(store, run_id, three, "release_stock").owns_unwind is True
+    assert store.owner(run_id) == f"step:{three}"
+
+
+# -- reserve -------------------------------------------------------------------------------
+
+
+def test_reserve_with_a_stale_version_changes_nothing(store: RunStore, new_run: NewRun) -> None:
+    """A view read before someone else's change is refused with ``conflict``."""
+    # Given a view, and a step reserved with it (which moves the version on)
+    run_id = new_run()
+    stale = store.view(run_id)
+    assert stale is not None
+    assert store.reserve(stale, "get_order", ToolClass.READ, "{}") == Outcome("ok", (1,))
+    run_before = run_hash(store, run_id)
+    steps_before = store.client.hgetall(run_keys(run_id)[1])
+
+    # When the same stale view reserves again
+    outcome = store.reserve(stale, "issue_credit", ToolClass.COMPENSATABLE_WRITE, "{}")
+
+    # Then it is refused and nothing moved
+    assert outcome == Outcome("conflict")
+    assert run_hash(store, run_id) == run_before
+    assert store.client.hgetall(run_keys(run_id)[1]) == steps_before
+    assert store.view(run_id).in_flight == {1: ToolClass.READ}  # type: ignore[union-attr]
+    assert run_before["next_step"] == "1"
+
+
+def test_reserve_on_an_ended_run(store: RunStore, new_run: NewRun) -> None:
+    """A current view of an ended run cannot reserve: ``ended`` with the state."""
+    run_id = new_run()
+    assert store.conclude(run_id, RunState.COMPLETED) == Outcome("ok")
+    view = store.view(run_id)
+    assert view is not None
+
+    assert store.reserve(view, "get_order", ToolClass.READ, "{}") == Outcome(
+        "ended", ("completed",)
+    )
+    assert run_hash(store, run_id)["next_step"] == "0"
+
+
+def test_reserve_on_an_unwinding_run(store: RunStore, new_run: NewRun) -> None:
+    """An unwinding run takes no new steps either."""
+    run_id = new_run()
+    store.abort(run_id, "stop")
+    view = store.view(run_id)
+    assert view is not None
+
+    assert store.reserve(view, "get_order", ToolClass.READ, "{}") == Outcome(
+        "ended", ("unwinding",)
+    )
+
+
+# -- compensations -------------------------------------------------------------------------
+
+
+def test_compensation_attempts_are_counted_across_calls(store: RunStore, new_run: NewRun) -> None:
+    """Every begin counts an attempt, through retries, and hands over the stored entry."""
+    run_id = new_run()
+    three_writes_and_abort(store, run_id)
+
+    first = store.begin_compensation(run_id, 2)
+    assert store.record_compensation(run_id, 2, "retrying", {"message": "503"}) == "ok"
+    second = store.begin_compensation(run_id, 2)
+
+    assert (first.status, first.values[0]) == ("run", 1)
+    assert (second.status, second.values[0]) == ("run", 2)
+    assert json.loads(second.values[1])["tool"] == "undo_set_ticket_status"
+    assert json.loads(second.values[1])["idempotency_key"] == f"{run_id}:2:undo"
+    comp = next(c for c in store.picture(run_id).compensations if c.step == 2)  # type: ignore[union-attr]
+    assert (comp.state, comp.attempts) == (CompensationState.RUNNING, 2)
+    assert comp.error == {"message": "503"}
+    assert store.begin_compensation(run_id, 9) == Outcome("unknown")
+
+
+def test_done_removes_exactly_its_own_entry(store: RunStore, new_run: NewRun) -> None:
+    """Confirming the middle undo removes only it; the others stay, in order."""
+    run_id = new_run()
+    three_writes_and_abort(store, run_id)
+    before = stack_of(store, run_id)
+    assert [e["step"] for e in before] == [1, 2, 3]
+
+    store.begin_compensation(run_id, 2)
+    assert store.record_compensation(run_id, 2, "done") == "ok"
+
+    assert stack_of(store, run_id) == [before[0], before[2]]
+    assert store.record_compensation(run_id, 2, "done") == "dup"
+    assert stack_of(store, run_id) == [before[0], before[2]]
+    assert store.begin_compensation(run_id, 2) == Outcome("done")
+    comp = next(c for c in store.picture(run_id).compensations if c.step == 2)  # type: ignore[union-attr]
+    assert (comp.state, comp.attempts) == (CompensationState.DONE, 1)
+
+
+def test_failed_compensation_keeps_its_entry(store: RunStore, new_run: NewRun) -> None:
+    """An undo that failed for good stays on the stack, with its error recorded."""
+    run_id = new_run()
+    three_writes_and_abort(store, run_id)
+    before = stack_of(store, run_id)
+
+    store.begin_compensation(run_id, 3)
+    error = {"type": "ConnectionError", "message": "stock api down"}
+    assert store.record_compensation(run_id, 3, "failed", error) == "ok"
+
+    assert stack_of(store, run_id) == before
+    comp = next(c for c in store.picture(run_id).compensations if c.step == 3)  # type: ignore[union-attr]
+    assert (comp.state, comp.error) == (CompensationState.FAILED, error)
+    assert store.record_compensation(run_id, 7, "done") == "unknown"
+
+
+# -- conclude ------------------------------------------------------------------------------
+
+
+def test_conclude_is_fenced_and_sets_the_retention(store: RunStore, new_run: NewRun) -> None:
+    """Only the first conclusion lands; every existing key then expires within the retention."""
+    # Given an unwinding run whose undos all ran
+    run_id = new_run()
+    three_writes_and_abort(store, run_id)
+    for n in (3, 2, 1):
+        store.begin_compensation(run_id, n)
+        store.record_compensation(run_id, n, "done")
+
+    # When it is concluded twice
+    first = store.conclude(run_id, RunState.COMPENSATED)
+    second = store.conclude(run_id, RunState.ESCALATED, "late")
+
+    # Then the second is refused, and the first state stands
+    assert first == Outcome("ok")
+    assert second == Outcome("ended", ("compensated",))
+    picture = store.picture(run_id)
+    assert picture is not None
+    assert (picture.state, picture.reason) == (RunState.COMPENSATED, "agent gave up")
+    assert picture.ended is not None
+    existing = [k for k in run_keys(run_id) if store.client.exists(k)]
+    assert existing == [run_keys(run_id)[i] for i in (0, 1, 4)]  # inflight and stack are empty
+    for key in existing:
+        ttl = store.client.ttl(key)
+        assert 0 < ttl <= RETENTION, (key, ttl)  # type: ignore[operator]
+
+
+def test_conclude_keeps_the_reason_when_none_is_given(store: RunStore, new_run: NewRun) -> None:
+    """An empty reason leaves the recorded one; a given reason replaces it."""
+    kept, replaced = new_run(), new_run()
+    for run_id in (kept, replaced):
+        fail(store, run_id, start(store, run_id, "get_order", ToolClass.READ))
+
+    assert store.conclude(kept, RunState.COMPENSATED) == Outcome("ok")
+    assert store.conclude(replaced, RunState.ESCALATED, "compensation failed") == Outcome("ok")
+    assert run_hash(store, kept)["reason"] == "step 1 failed"
+    assert run_hash(store, replaced)["reason"] == "compensation failed"
+
+
+def test_completed_is_refused_while_steps_are_in_flight(store: RunStore, new_run: NewRun) -> None:
+    """A run cannot complete with steps unsettled; it says which ones."""
+    run_id = new_run()
+    one = start(store, run_id, "get_order", ToolClass.READ)
+    two = reserve(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    three = start(store, run_id, "set_priority", ToolClass.CONVERGENT_WRITE)
+    succeed(store, run_id, one)
+
+    refused = store.conclude(run_id, RunState.COMPLETED)
+
+    assert refused.status == "inflight"
+    assert sorted(int(s) for s in refused.values) == [two, three]
+    assert run_hash(store, run_id)["state"] == "running"
+    assert store.client.ttl(run_keys(run_id)[0]) == -1
+
+
+def test_completed_needs_a_running_run_and_the_others_an_unwinding_one(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """``completed`` ends a running run; ``compensated`` cannot end a running one."""
+    run_id = new_run()
+
+    assert store.conclude(run_id, RunState.COMPENSATED) == Outcome("ended", ("running",))
+    assert store.conclude(run_id, RunState.COMPLETED) == Outcome("ok")
+    assert store.conclude(run_id, RunState.COMPLETED) == Outcome("ended", ("completed",))
+    assert store.conclude(uuid.uuid4().hex, RunState.COMPLETED) == Outcome("unknown")
+
+
+# -- requeue -------------------------------------------------------------------------------
+
+
+def test_requeue_reopens_a_run_whose_compensation_failed(store: RunStore, new_run: NewRun) -> None:
+    """An escalated run with a failed undo goes back to unwinding, kept, with a new owner."""
+    # Given a run escalated because one of its undos failed
+    run_id = new_run()
+    three_writes_and_abort(store, run_id)
+    store.begin_compensation(run_id, 3)
+    store.record_compensation(run_id, 3, "done")
+    store.begin_compensation(run_id, 2)
+    store.record_compensation(run_id, 2, "failed", {"message": "tickets down"})
+    store.begin_compensation(run_id, 1)
+    store.record_compensation(run_id, 1, "done")
+    assert store.conclude(run_id, RunState.ESCALATED, "compensation failed") == Outcome("ok")
+
+    # When it is requeued
+    outcome = store.requeue(run_id)
+
+    # Then it unwinds again, its failed undo pending, its keys no longer expiring
+    assert outcome == Outcome("ok", ("requeue:1",))
+    picture = store.picture(run_id)
+    assert picture is not None
+    assert picture.state is RunState.UNWINDING
+    assert {c.step: c.state for c in picture.compensations} == {
+        1: CompensationState.DONE,
+        2: CompensationState.PENDING,
+        3: CompensationState.DONE,
+    }
+    assert [e["step"] for e in picture.stack] == [2]
+    assert picture.extra == {"owner": "requeue:1", "sent": "0", "generation": "1"}
+    assert picture.ended is None
+    for key in run_keys(run_id):
+        if store.client.exists(key):
+            assert store.client.ttl(key) == -1, key
+    # and it can be concluded again
+    assert store.conclude(run_id, RunState.COMPENSATED) == Outcome("ok")
+
+
+def test_requeue_refuses_a_compensated_run(store: RunStore, new_run: NewRun) -> None:
+    """Nothing failed, nothing to run again."""
+    run_id = new_run()
+    three_writes_and_abort(store, run_id)
+    for n in (3, 2, 1):
+        store.record_compensation(run_id, n, "done")
+    store.conclude(run_id, RunState.COMPENSATED)
+
+    assert store.requeue(run_id) == Outcome("refused", ("compensated",))
+    assert run_hash(store, run_id)["generation"] == "0"
+
+
+def test_requeue_refuses_a_run_past_its_pivot(store: RunStore, new_run: NewRun) -> None:
+    """Past the pivot a person decides: requeue does not unwind it."""
+    run_id = new_run()
+    credit = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    succeed(store, run_id, credit, "reverse_credit")
+    mail = start(store, run_id, "send_reply", ToolClass.IRREVERSIBLE_WRITE)
+    succeed(store, run_id, mail, pivot=True)
+    status = start(store, run_id, "set_priority", ToolClass.CONVERGENT_WRITE)
+    fail(store, run_id, status)
+    store.conclude(run_id, RunState.ESCALATED, "failed after an irreversible step")
+
+    assert store.requeue(run_id) == Outcome("refused", ("escalated",))
+    run = run_hash(store, run_id)
+    assert (run["state"], run["generation"]) == ("escalated", "0")
+    assert store.client.ttl(run_keys(run_id)[0]) > 0  # type: ignore[operator]
+
+
+def test_requeue_refuses_a_running_or_unknown_run(store: RunStore, new_run: NewRun) -> None:
+    """Only escalated runs can be requeued."""
+    run_id = new_run()
+
+    assert store.requeue(run_id) == Outcome("refused", ("running",))
+    assert store.requeue(uuid.uuid4().hex) == Outcome("unknown")
+
+
+# -- isolation between runs ----------------------------------------------------------------
+
+
+def test_two_interleaved_runs_keep_to_their_own_keys(store: RunStore, new_run: NewRun) -> None:
+    """Steps of two runs, interleaved, never touch the other's stack or keys."""
+    # Given two runs
+    a, b = new_run(), new_run()
+
+    # When their steps interleave
+    a1 = start(store, a, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    b1 = start(store, b, "set_ticket_status", ToolClass.REVERSIBLE_WRITE)
+    b2 = start(store, b, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    a2 = start(store, a, "hold_stock", ToolClass.COMPENSATABLE_WRITE)
+    succeed(store, b, b2, "reverse_credit")
+    succeed(store, a, a1, "reverse_credit")
+    succeed(store, a, a2, "release_stock")
+    succeed(store, b, b1, "restore_status")
+    fail_b = store.abort(b, "b gave up")
+    store.begin_compensation(b, b1)
+    store.record_compensation(b, b1, "done")
+
+    # Then each stack holds only its own entries
+    stack_a, stack_b = stack_of(store, a), stack_of(store, b)
+    assert [(e["step"], e["tool"]) for e in stack_a] == [
+        (1, "reverse_credit"),
+        (2, "release_stock"),
+    ]
+    assert [(e["step"], e["tool"]) for e in stack_b] == [(2, "reverse_credit")]
+    assert all(e["idempotency_key"].startswith(f"{a}:") for e in stack_a)
+    assert all(e["idempotency_key"].startswith(f"{b}:") for e in stack_b)
+    assert run_hash(store, a)["state"] == "running"
+    assert fail_b.owns_unwind is True
+    assert (a1, a2, b1, b2) == (1, 2, 1, 2)
+
+    # And no key of one run names the other
+    keys_a = set(store.client.scan_iter(match=f"*{a}*"))
+    keys_b = set(store.client.scan_iter(match=f"*{b}*"))
+    assert keys_a == {k for k in run_keys(a) if k != run_keys(a)[2]}
+    assert keys_b == {k for k in run_keys(b) if k != run_keys(b)[2]}
+    assert not any(b in key for key in keys_a)
+    assert not any(a in key for key in keys_b)
+
+
+def test_every_key_of_a_run_shares_its_hash_tag(store: RunStore, new_run: NewRun) -> None:
+    """All keys of one run carry ``{run_id}`` and so land in one cluster slot."""
+    run_id = new_run()
+    step = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    two = start(store, run_id, "set_priority", ToolClass.CONVERGENT_WRITE)
+    succeed(store, run_id, step, "reverse_credit")
+
+    keys = run_keys(run_id)
+    stored = set(store.client.scan_iter(match=f"*{run_id}*"))
+
+    assert stored == set(keys)  # all five exist now (step two is still in flight)
+    assert two == 2
+    assert len(set(keys)) == 5
+    for key in keys:
+        assert key.count("{") == 1
+        assert key[key.index("{") + 1 : key.index("}")] == run_id
+    assert {key_slot(k.encode()) for k in keys} == {key_slot(run_id.encode())}
+
+
+# -- the store being down ------------------------------------------------------------------
+
+
+@pytest.fixture
+def down() -> Iterator[RunStore]:
+    """A store whose Redis does not answer (nothing listens on port 1)."""
+    run_store = RunStore.from_url("redis://127.0.0.1:1/0", retention_seconds=RETENTION)
+    yield run_store
+    run_store.client.close()
+
+
+@pytest.mark.parametrize(
+    "operation",
+    [
+        pytest.param(lambda s, r: s.begin_step(r, 1), id="begin_step"),
+        pytest.param(lambda s, r: s.abort(r, "stop"), id="abort"),
+        pytest.param(lambda s, r: s.create(r, deadline=DEADLINE), id="create"),
+        pytest.param(lambda s, r: s.view(r), id="view"),
+        pytest.param(lambda s, r: s.picture(r), id="picture"),
+    ],
+)
+def test_unreachable_store_is_a_retryable_saga_error(
+    down: RunStore, operation: Callable[[RunStore, str], object]
+) -> None:
+    """A Redis that does not answer is ``StoreUnavailableError`` (retryable), whatever the
+    store was asked: scripts and plain reads alike."""
+    with pytest.raises(StoreUnavailableError, match="saga store unreachable") as err:
+        operation(down, uuid.uuid4().hex)
+
+    assert err.value.retryable is True
+    assert isinstance(err.value.__cause__, redis.ConnectionError)
