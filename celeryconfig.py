@@ -31,7 +31,7 @@ task_reject_on_worker_lost = True
 worker_prefetch_multiplier = 1
 
 task_time_limit = int(os.environ.get("SAGA_TASK_TIME_LIMIT", "300"))
-task_soft_time_limit = task_time_limit - 10
+task_soft_time_limit = max(1, task_time_limit * 9 // 10)
 #: Longest retry delay any tool may ask for (RetryPolicy.backoff_max defaults stay below it).
 retry_delay_max = 600
 broker_transport_options = {

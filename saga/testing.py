@@ -57,6 +57,7 @@ class RedisServer:
         self.args = args
         self._own_dir = directory is None
         self.directory = directory or Path(tempfile.mkdtemp(prefix="saga-redis-"))
+        self.directory.mkdir(parents=True, exist_ok=True)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

@@ -68,7 +68,7 @@ def main() -> int:
 
     systems.reset()
     credit = ("issue_credit", {"order_id": ORDER, "amount_cents": 250_000, "memo": "late"})
-    forward = [
+    forward: list[tuple[str, dict[str, Any]]] = [
         ("get_order", {"order_id": ORDER}),
         credit,
         ("set_ticket_status", {"ticket_id": TICKET, "status": "pending_refund"}),

@@ -491,3 +491,32 @@ def snapshot() -> Record:
         "tickets": _rows(TICKETS, sa.select(_tickets).order_by(_tickets.c.ticket_id)),
         "outbox": outbox(),
     }
+
+
+# --- lookups by idempotency key (for reconciling a step whose outcome is in doubt) ----------
+
+
+def credit_by_key(idempotency_key: str) -> Record | None:
+    """The credit issued under this key, as ``issue_credit`` returned it, or None."""
+    with _reading(BILLING) as conn:
+        row = _first(conn, _ledger, _ledger.c.idempotency_key == idempotency_key)
+    return _credit_result(row) if row is not None and row.kind == "credit" else None
+
+
+def status_change_by_key(idempotency_key: str) -> Record | None:
+    """The status change applied under this key, as ``set_ticket_status`` returned it."""
+    with _reading(TICKETS) as conn:
+        keys = _ticket_keys.c
+        stored = conn.scalar(sa.select(keys.result).where(keys.idempotency_key == idempotency_key))
+    return None if stored is None else dict(json.loads(stored))
+
+
+def outgoing_by_key(idempotency_key: str) -> Record | None:
+    """The mail or webhook queued under this key, or None."""
+    with _reading(OUTBOX) as conn:
+        row = _first(conn, _outbox, _outbox.c.idempotency_key == idempotency_key)
+    if row is None:
+        return None
+    if row.channel == "mail":
+        return {"message_id": f"msg_{row.id}", "to": row.recipient, "subject": row.subject}
+    return {"delivery_id": f"wh_{row.id}", "url": row.recipient}

@@ -34,7 +34,17 @@ def _reverse_the_credit(args: dict[str, Any], result: dict[str, Any]) -> Undo:
     )
 
 
-@tools.tool(ToolClass.COMPENSATABLE_WRITE, compensation=_reverse_the_credit, retry=QUICK)
+def _find(lookup: Any) -> Any:
+    """Adapt a system's lookup-by-key to the saga's ``lookup(idempotency_key, args)``."""
+    return lambda idempotency_key, _args: lookup(idempotency_key)
+
+
+@tools.tool(
+    ToolClass.COMPENSATABLE_WRITE,
+    compensation=_reverse_the_credit,
+    retry=QUICK,
+    lookup=_find(systems.credit_by_key),
+)
 def issue_credit(ctx: StepContext, order_id: int, amount_cents: int, memo: str = "") -> Any:
     """Credit a customer (class 4: undone by a new, visible reversing entry)."""
     return systems.issue_credit(order_id, amount_cents, ctx.idempotency_key, memo)
@@ -54,19 +64,24 @@ def _restore_status(args: dict[str, Any], result: dict[str, Any]) -> Undo:
     )
 
 
-@tools.tool(ToolClass.REVERSIBLE_WRITE, compensation=_restore_status, retry=QUICK)
+@tools.tool(
+    ToolClass.REVERSIBLE_WRITE,
+    compensation=_restore_status,
+    retry=QUICK,
+    lookup=_find(systems.status_change_by_key),
+)
 def set_ticket_status(ctx: StepContext, ticket_id: int, status: str) -> dict[str, Any]:
     """Change a ticket's status (class 3: undone by restoring the captured previous status)."""
     return systems.set_ticket_status(ticket_id, status, ctx.idempotency_key)
 
 
-@tools.tool(ToolClass.IRREVERSIBLE_WRITE, retry=QUICK)
+@tools.tool(ToolClass.IRREVERSIBLE_WRITE, retry=QUICK, lookup=_find(systems.outgoing_by_key))
 def send_reply(ctx: StepContext, to: str, subject: str, body: str) -> dict[str, Any]:
     """Mail the customer (class 5: once sent, it is gone; this is the pivot)."""
     return systems.send_mail(to, subject, body, ctx.idempotency_key)
 
 
-@tools.tool(ToolClass.IRREVERSIBLE_WRITE, retry=QUICK)
+@tools.tool(ToolClass.IRREVERSIBLE_WRITE, retry=QUICK, lookup=_find(systems.outgoing_by_key))
 def notify_webhook(ctx: StepContext, url: str, event: dict[str, Any]) -> dict[str, Any]:
     """Tell a partner system (class 5: a posted webhook cannot be recalled)."""
     return systems.post_webhook(url, event, ctx.idempotency_key)
