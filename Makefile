@@ -5,9 +5,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
-RUNS ?= 300
+# make bench RUNS=N (default 300) · make chaos RUNS=N SEED=S (default 200, 1)
+RUNS ?=
+SEED ?= 1
 
-.PHONY: install demo test lint bench worker flower clean
+.PHONY: install demo test lint bench chaos worker beat flower clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +31,17 @@ lint: $(INSTALLED)
 	$(BIN)/mypy
 
 bench: $(INSTALLED)
-	scripts/with-redis $(BIN)/python benchmarks/overhead.py --runs $(RUNS)
+	scripts/with-redis $(BIN)/python benchmarks/overhead.py --runs $(or $(RUNS),300)
+
+# The randomised chaos run alone (it starts its own redis-server and two workers).
+chaos: $(INSTALLED)
+	$(BIN)/python -m tests.reliability.chaos --runs $(or $(RUNS),200) --seed $(SEED)
 
 worker: $(INSTALLED)
 	$(BIN)/celery -A tasks.app worker -E --loglevel INFO
+
+beat: $(INSTALLED)
+	$(BIN)/celery -A tasks.app beat --loglevel INFO
 
 flower: $(INSTALLED)
 	$(BIN)/celery -A tasks.app flower

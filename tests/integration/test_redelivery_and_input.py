@@ -183,3 +183,30 @@ def test_a_step_that_is_still_running_when_the_run_fails_is_compensated_too(saga
 
 def credits_sum() -> int:
     return sum(e["amount_cents"] for e in systems.ledger())
+
+
+def test_abort_during_unwinding_and_calls_on_an_unknown_run_are_refused(saga: Any) -> None:
+    # Given a run that is unwinding (a read failed) while a slow credit is still in flight
+    systems.set_delay("billing", 1.0)
+    systems.set_down("orders")
+    run = saga.start_run()
+    credit = run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT)
+    read = run.call("get_order", order_id=ORDER)
+    wait_until(lambda: run.state() is RunState.UNWINDING, what="the run to start unwinding")
+
+    # When the agent aborts it or calls another tool
+    with pytest.raises(RunEndedError, match="unwinding"):
+        run.abort("changed my mind")
+    with pytest.raises(RunEndedError, match="unwinding"):
+        run.call("get_order", order_id=ORDER)
+
+    # Then nothing was lost: the credit in flight is still undone
+    assert run.wait(timeout=30).state is RunState.COMPENSATED
+    assert (credit.state().value, read.state().value) == ("succeeded", "failed")
+    assert sum(e["amount_cents"] for e in systems.ledger()) == 0
+
+    # and a run nobody started is refused by name
+    from saga.runs import Run
+
+    with pytest.raises(UnknownRunError, match="no-such-run"):
+        Run(saga, "no-such-run").call("get_order", order_id=ORDER)
