@@ -9,7 +9,7 @@ Why these defaults:
   crash strands at most one step until the visibility timeout returns it.
 - The visibility timeout is longer than any time limit or retry delay: otherwise Redis would
   hand a step still running (or waiting to retry) to a second worker.
-- Task events on, so Flower shows every tool call and compensation as it runs.
+- Worker task events on, so Flower shows every tool call and compensation as it runs.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ result_backend_transport_options = broker_transport_options
 result_expires = 24 * 3600
 
 worker_send_task_events = True
-task_send_sent_event = True
+# Flower sees every task from the worker's events (received, started, succeeded, failed...).
+# The extra "sent" event would double every publish from the agent's process.
+task_send_sent_event = False
 task_track_started = True
 
 broker_connection_retry_on_startup = True

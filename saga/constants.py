@@ -40,6 +40,11 @@ def run_keys(run_id: str) -> list[str]:
     return [f"{base}:run", f"{base}:steps", f"{base}:inflight", f"{base}:stack", f"{base}:comps"]
 
 
+def settled_key(run_id: str, step: int) -> str:
+    """The list a client waiting on ``step`` blocks on; the scripts push when it settles."""
+    return f"{KEY_PREFIX}:{{{run_id}}}:settled:{step}"
+
+
 def step_idempotency_key(run_id: str, step: int) -> str:
     return f"{run_id}:{step}"
 

@@ -9,6 +9,7 @@ then the fenced state change, so a crash in between only repeats an upsert).
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from saga.errors import (
     UnknownRunError,
 )
 from saga.hooks import SagaHooks
-from saga.model import RunState
+from saga.model import RunState, ToolClass
 from saga.records import RecordStore
 from saga.settings import Settings
 from saga.stack import RunPicture, RunStore
@@ -66,6 +67,7 @@ class Saga:
             self.settings.redis_url, self.settings.retention_seconds, **self.settings.redis_options
         )
         self._records: RecordStore | None = None
+        self._records_lock = threading.Lock()
         #: Fault injection for tests; None unless SAGA_TESTING_FAULTS=1 is set explicitly.
         self.faults: Faults | None = None
         if faults_enabled():
@@ -75,9 +77,10 @@ class Saga:
     @property
     def records(self) -> RecordStore:
         """Created on first use, so importing the app never touches the database."""
-        if self._records is None:
-            self._records = RecordStore(self.settings.database_url)
-        return self._records
+        with self._records_lock:
+            if self._records is None:
+                self._records = RecordStore(self.settings.database_url)
+            return self._records
 
     # -- runs -----------------------------------------------------------------------------
 
@@ -137,19 +140,19 @@ class Saga:
             raise DispatchError(f"the broker did not take {tool_name}: {exc}") from exc
         return StepHandle(self, run_id, step, tool_name)
 
-    def _reserve(self, run_id: str, tool_name: str, tool_class: Any, args_json: str) -> int:
+    def _reserve(self, run_id: str, tool_name: str, tool_class: ToolClass, args_json: str) -> int:
+        gate = rules.gate_for(tool_class)
         for _ in range(_RESERVE_ATTEMPTS):
-            view = self.store.view(run_id)
-            if view is None:
-                raise UnknownRunError(f"no run {run_id}")
-            rules.check_call(view, tool_name, tool_class)
-            outcome = self.store.reserve(view, tool_name, tool_class, args_json)
+            outcome = self.store.reserve(run_id, tool_name, tool_class, args_json, gate)
             if outcome.status == "ok":
                 return int(outcome.values[0])
             if outcome.status == "ended":
                 raise RunEndedError(run_id, str(outcome.values[0]))
-            if outcome.status == "unknown":
+            view = self.store.view(run_id)
+            if outcome.status == "unknown" or view is None:
                 raise UnknownRunError(f"no run {run_id}")
+            # Refused: say exactly why, from a fresh view (if it moved on meanwhile, retry).
+            rules.check_call(view, tool_name, tool_class)
         raise SagaError(f"run {run_id} kept changing; call {tool_name} again")
 
     # -- ending ---------------------------------------------------------------------------
@@ -164,7 +167,7 @@ class Saga:
             from saga.errors import StepsInFlightError
 
             raise StepsInFlightError(run_id, sorted(int(s) for s in outcome.values))
-        self.store.forget(run_id)
+        # (The reaper drops ended runs from its index on its next pass.)
         picture = self.picture(run_id)
         self.records.record_run(picture, RunState.COMPLETED.value, "")
         self._call_hook(self.hooks.on_run_ended, picture, RunState.COMPLETED.value, "")

@@ -12,7 +12,9 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, String, Text, create_engine, select
+from sqlalchemy import JSON, Boolean, DateTime, String, Text, create_engine, event, select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -64,9 +66,21 @@ def _steps_json(picture: RunPicture) -> list[dict[str, Any]]:
     ]
 
 
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    """WAL lets readers and the writer overlap across processes; NORMAL syncs at checkpoints,
+    not every commit, which is safe in WAL mode against a crash of the process."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
 class RecordStore:
     def __init__(self, url: str) -> None:
         self.engine: Engine = create_engine(url, pool_pre_ping=True)
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
         _Base.metadata.create_all(self.engine)
 
     def dispose(self) -> None:
@@ -133,6 +147,24 @@ class RecordStore:
             return list(session.scalars(query))
 
     def _upsert(self, record: _Base) -> None:
+        """Insert or replace by primary key, in one statement where the database has one
+        (a redelivered conclusion writes the same row again, never a second one)."""
+        table = record.__table__
+        values = {column.name: getattr(record, column.name) for column in table.columns}
+        dialect = self.engine.dialect.name
+        if dialect not in _UPSERTS:
+            self._merge(record)
+            return
+        statement = _UPSERTS[dialect](table).values(**values)
+        keys = [column.name for column in table.primary_key]
+        statement = statement.on_conflict_do_update(
+            index_elements=keys,
+            set_={name: statement.excluded[name] for name in values if name not in keys},
+        )
+        with self.engine.begin() as connection:
+            connection.execute(statement)
+
+    def _merge(self, record: _Base) -> None:
         # merge() is read-then-write; two concluders racing can both insert, so the loser
         # retries once and then finds the row the winner wrote.
         for attempt in (1, 2):
@@ -143,3 +175,6 @@ class RecordStore:
             except IntegrityError:
                 if attempt == 2:
                     raise
+
+
+_UPSERTS: dict[str, Any] = {"sqlite": sqlite_insert, "postgresql": postgresql_insert}

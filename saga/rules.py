@@ -6,6 +6,7 @@ No broker, no Redis: these are the rules the seed states, testable on their own.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from saga.errors import CallRefusedError, RunEndedError
@@ -15,33 +16,51 @@ from saga.stack import RunPicture, RunView
 REASON_AFTER_PIVOT = "failed after an irreversible step"
 REASON_COMPENSATION_FAILED = "compensation failed"
 
-_BEFORE_PIVOT = (
-    ToolClass.CONVERGENT_WRITE,
-    ToolClass.REVERSIBLE_WRITE,
-    ToolClass.COMPENSATABLE_WRITE,
+_BEFORE_PIVOT = frozenset(
+    {ToolClass.CONVERGENT_WRITE, ToolClass.REVERSIBLE_WRITE, ToolClass.COMPENSATABLE_WRITE}
 )
 
 
-def check_call(view: RunView, tool: str, tool_class: ToolClass) -> None:
-    """Refuse a call the pivot rules forbid; return quietly if it may be dispatched.
+@dataclass(frozen=True)
+class CallGate:
+    """What must hold, at the moment a call is reserved, for it to be dispatched.
 
-    A class 5 call waits until every write before it has settled: if one of them failed after
-    the mail went out, there would be nothing left to unwind with. A class 3/4 call after the
-    pivot (or while the pivot step is in flight) is refused unless the run allows it, because
-    everything reversible belongs before the point of no return.
+    The rules below decide the gate; Redis checks it atomically in the reserve script, and
+    ``check_call`` checks it in Python to say exactly why a call was refused.
     """
+
+    #: No step of these classes may be in flight.
+    unsettled_classes: frozenset[ToolClass]
+    #: The run must not be past its pivot (nor have its pivot step in flight).
+    before_pivot: bool
+
+
+def gate_for(tool_class: ToolClass) -> CallGate:
+    """A class 5 call waits until every write before it has settled: if one of them failed
+    after the mail went out, there would be nothing left to unwind with. A class 3/4 call
+    belongs before the point of no return (unless the run allows otherwise)."""
+    return CallGate(
+        unsettled_classes=(
+            _BEFORE_PIVOT if tool_class is ToolClass.IRREVERSIBLE_WRITE else frozenset()
+        ),
+        before_pivot=tool_class.needs_compensation,
+    )
+
+
+def check_call(view: RunView, tool: str, tool_class: ToolClass) -> None:
+    """Refuse a call the pivot rules forbid; return quietly if it may be dispatched."""
     if view.state is not RunState.RUNNING:
         raise RunEndedError(view.run_id, view.state.value)
-    if tool_class is ToolClass.IRREVERSIBLE_WRITE:
-        unsettled = sorted(s for s, c in view.in_flight.items() if c in _BEFORE_PIVOT)
-        if unsettled:
-            listed = ", ".join(str(s) for s in unsettled)
-            raise CallRefusedError(
-                f"{tool} is irreversible (class 5) and is refused while step(s) {listed} "
-                "have not settled; wait for them, then call it again",
-                unsettled,
-            )
-    if tool_class.needs_compensation and not view.allow_after_pivot:
+    gate = gate_for(tool_class)
+    unsettled = sorted(s for s, c in view.in_flight.items() if c in gate.unsettled_classes)
+    if unsettled:
+        listed = ", ".join(str(s) for s in unsettled)
+        raise CallRefusedError(
+            f"{tool} is irreversible (class 5) and is refused while step(s) {listed} "
+            "have not settled; wait for them, then call it again",
+            unsettled,
+        )
+    if gate.before_pivot and not view.allow_after_pivot:
         pivot_in_flight = sorted(
             s for s, c in view.in_flight.items() if c is ToolClass.IRREVERSIBLE_WRITE
         )

@@ -10,8 +10,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from saga import payload
-from saga.constants import run_keys
-from saga.errors import StepFailedError, StepSkippedError, UnknownRunError, WaitTimeoutError
+from saga.errors import (
+    StepFailedError,
+    StepInDoubtError,
+    StepSkippedError,
+    UnknownRunError,
+    WaitTimeoutError,
+)
 from saga.model import RunState, StepState
 from saga.stack import RunPicture
 
@@ -36,6 +41,8 @@ class StepHandle:
         self.run_id = run_id
         self.step = step
         self.tool = tool
+        #: Once the step is known settled, reads need not wait for the signal any more.
+        self._settled = False
 
     def __repr__(self) -> str:
         return f"<StepHandle run={self.run_id} step={self.step} tool={self.tool}>"
@@ -45,19 +52,23 @@ class StepHandle:
         return f"{self.run_id}:{self.step}"
 
     def state(self) -> StepState:
-        raw = self.saga.store.client.hget(run_keys(self.run_id)[1], f"{self.step}:state")
+        raw = self.saga.store.step_outcome(self.run_id, self.step)[0]
         if raw is None:
             raise UnknownRunError(f"no step {self.step} in run {self.run_id}")
-        return StepState(str(raw))
+        return StepState(raw)
 
     def result(self, timeout: float | None = None) -> Any:
         """The tool's result once the step succeeded; ``StepFailedError`` if it failed for good."""
         deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
-        key = run_keys(self.run_id)[1]
-        fields = (f"{self.step}:state", f"{self.step}:result", f"{self.step}:error")
-        delay = _FIRST_POLL
         while True:
-            state, result, error = self.saga.store.client.hmget(key, fields)
+            if not self._settled:
+                # Woken by the script that settles the step (the signal waits in a list if
+                # it came first); re-read at least once a second in case another waiter
+                # took the signal.
+                remaining = max(0.0, deadline - time.monotonic())
+                self.saga.store.wait_settled(self.run_id, self.step, min(remaining, 1.0))
+            state, result, error = self.saga.store.step_outcome(self.run_id, self.step)
+            self._settled = state not in (StepState.DISPATCHED, StepState.RUNNING)
             if state == StepState.SUCCEEDED:
                 return payload.loads(result)
             if state == StepState.FAILED:
@@ -67,9 +78,10 @@ class StepHandle:
                 raise StepSkippedError(f"step {self.step} ({self.tool}) never ran: {state}")
             if state is None:
                 raise UnknownRunError(f"no step {self.step} in run {self.run_id}")
+            if state == StepState.IN_DOUBT:
+                raise StepInDoubtError(f"step {self.step} ({self.tool}) is in doubt: {error}")
             if time.monotonic() >= deadline:
                 raise WaitTimeoutError(f"step {self.step} ({self.tool}) still {state!s}")
-            delay = _poll(deadline, delay)
 
 
 class Run:

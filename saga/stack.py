@@ -13,15 +13,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from redis.commands.core import Script
 
 from saga import payload
-from saga.constants import ACTIVE_RUNS_KEY, run_keys
+from saga.constants import ACTIVE_RUNS_KEY, run_keys, settled_key
 from saga.errors import StoreUnavailableError
 from saga.model import CompensationState, RunState, StepState, ToolClass
+
+if TYPE_CHECKING:
+    from saga.rules import CallGate
 
 _SCRIPTS = (
     "create",
@@ -139,9 +142,12 @@ class RunStore:
         client = redis.Redis.from_url(url, decode_responses=True, **options)
         return cls(client, retention_seconds)
 
-    def _call(self, script: str, run_id: str, *args: Any) -> Outcome:
+    def _call(self, script: str, run_id: str, *args: Any, step: int | None = None) -> Outcome:
+        keys = run_keys(run_id)
+        if step is not None:
+            keys.append(settled_key(run_id, step))
         with _reachable(script):
-            raw = self._scripts[script](keys=run_keys(run_id), args=list(args))
+            raw = self._scripts[script](keys=keys, args=list(args))
         if isinstance(raw, list):
             return Outcome(str(raw[0]), tuple(raw[1:]))
         return Outcome(str(raw))
@@ -181,29 +187,45 @@ class RunStore:
             allow_after_pivot=run.get("allow_after_pivot") == "1",
         )
 
-    def reserve(self, view: RunView, tool: str, tool_class: ToolClass, args_json: str) -> Outcome:
+    def reserve(
+        self, run_id: str, tool: str, tool_class: ToolClass, args_json: str, gate: CallGate
+    ) -> Outcome:
+        """Reserve the next step if ``gate`` holds right now: ``ok`` with the step number,
+        or ``refused`` / ``ended`` / ``unknown``, having changed nothing."""
+        unsettled = ",".join(str(int(c)) for c in sorted(gate.unsettled_classes))
+        before_pivot = int(gate.before_pivot)
+        now = time.time()
         return self._call(
-            "reserve", view.run_id, view.version, tool, int(tool_class), args_json, time.time()
+            "reserve", run_id, tool, int(tool_class), args_json, now, unsettled, before_pivot
         )
 
     def release(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
-        return self._call("release", run_id, step, _error_json(error), time.time())
+        return self._call("release", run_id, step, _error_json(error), time.time(), step=step)
 
     def begin_step(self, run_id: str, step: int) -> Outcome:
-        return self._call("begin_step", run_id, step, time.time())
+        return self._call("begin_step", run_id, step, time.time(), step=step)
 
     def record_success(
         self, run_id: str, step: int, result_json: str, entry_json: str, irreversible: bool
     ) -> Outcome:
         return self._call(
-            "record_success", run_id, step, result_json, entry_json, int(irreversible), time.time()
+            "record_success",
+            run_id,
+            step,
+            result_json,
+            entry_json,
+            int(irreversible),
+            time.time(),
+            step=step,
         )
 
     def record_failure(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
-        return self._call("record_failure", run_id, step, _error_json(error), time.time())
+        error_json = _error_json(error)
+        return self._call("record_failure", run_id, step, error_json, time.time(), step=step)
 
     def mark_in_doubt(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
-        return self._call("mark_in_doubt", run_id, step, _error_json(error), time.time())
+        error_json = _error_json(error)
+        return self._call("mark_in_doubt", run_id, step, error_json, time.time(), step=step)
 
     def resolve_in_doubt(
         self,
@@ -225,6 +247,7 @@ class RunStore:
             int(irreversible),
             doubt,
             time.time(),
+            step=step,
         )
 
     def take_over(self, run_id: str, version: str, owner: str) -> bool:
@@ -257,7 +280,20 @@ class RunStore:
         return self._call("requeue", run_id, time.time())
 
     def owner(self, run_id: str) -> str:
-        return cast(str, self.client.hget(run_keys(run_id)[0], "owner") or "")
+        with _reachable("owner"):
+            return cast(str, self.client.hget(run_keys(run_id)[0], "owner") or "")
+
+    def step_outcome(self, run_id: str, step: int) -> tuple[str | None, str | None, str | None]:
+        """The step's state, result and error as stored."""
+        fields = (f"{step}:state", f"{step}:result", f"{step}:error")
+        with _reachable("step_outcome"):
+            state, result, error = self.client.hmget(run_keys(run_id)[1], fields)
+        return cast(tuple[str | None, str | None, str | None], (state, result, error))
+
+    def wait_settled(self, run_id: str, step: int, timeout: float) -> None:
+        """Block until the step's scripts signal it settled, or ``timeout`` passes."""
+        with _reachable("wait_settled"):
+            self.client.blpop([settled_key(run_id, step)], timeout=max(timeout, 0.001))
 
     # -- reading --------------------------------------------------------------------------
 

@@ -1,5 +1,15 @@
 -- Shared by every script. KEYS: run, steps, inflight, stack, comps (see saga/constants.py).
 local RUN, STEPS, INFLIGHT, STACK, COMPS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- KEYS[6], when given: the list a client waiting on this step blocks on (BLPOP).
+local SETTLED = KEYS[6]
+
+-- Wake whoever waits for this step's outcome; the list expires if nobody does.
+local function notify()
+  if SETTLED then
+    redis.call('RPUSH', SETTLED, '1')
+    redis.call('EXPIRE', SETTLED, 300)
+  end
+end
 
 local function bump(now)
   redis.call('HINCRBY', RUN, 'version', 1)

@@ -17,6 +17,7 @@ if st == 'dispatched' and run_state ~= 'running' then
   redis.call('HSET', STEPS, n .. ':state', 'skipped')
   redis.call('HDEL', INFLIGHT, n)
   bump(ARGV[2])
+  notify()
   return {'skip', maybe_own('step:' .. n)}
 end
 redis.call('HSET', STEPS, n .. ':state', 'running')

@@ -9,4 +9,5 @@ if redis.call('HGET', RUN, 'state') == 'running' then
   redis.call('HSET', RUN, 'state', 'unwinding', 'reason', 'step ' .. n .. ' in doubt')
 end
 bump(ARGV[3])
+notify()
 return {'ok'}

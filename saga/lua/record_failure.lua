@@ -15,4 +15,5 @@ if redis.call('HGET', RUN, 'state') == 'running' then
   redis.call('HSET', RUN, 'state', 'unwinding', 'reason', 'step ' .. n .. ' failed')
 end
 bump(ARGV[3])
+notify()
 return {'ok', maybe_own(owner)}

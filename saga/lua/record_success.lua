@@ -15,4 +15,5 @@ if ARGV[4] == '1' and redis.call('HGET', RUN, 'pivot') == '' then
 end
 redis.call('HDEL', INFLIGHT, n)
 bump(ARGV[5])
+notify()
 return {'ok', maybe_own('step:' .. n)}

@@ -4,4 +4,5 @@ if redis.call('HGET', STEPS, n .. ':state') ~= 'dispatched' then return {'dup'} 
 redis.call('HSET', STEPS, n .. ':state', 'not_dispatched', n .. ':error', ARGV[2])
 redis.call('HDEL', INFLIGHT, n)
 bump(ARGV[3])
+notify()
 return {'ok', maybe_own('step:' .. n)}

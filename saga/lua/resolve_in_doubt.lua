@@ -22,4 +22,5 @@ if ARGV[6] ~= '' and redis.call('HGET', RUN, 'doubt') == '' then
 end
 redis.call('HDEL', INFLIGHT, n)
 bump(ARGV[7])
+notify()
 return {'ok', maybe_own('step:' .. n)}

@@ -17,9 +17,10 @@ import redis
 from redis.crc import key_slot
 
 from saga import payload
-from saga.constants import compensation_idempotency_key, run_keys
+from saga.constants import compensation_idempotency_key, run_keys, settled_key
 from saga.errors import StoreUnavailableError
 from saga.model import CompensationState, RunState, StepState, ToolClass
+from saga.rules import gate_for
 from saga.stack import Outcome, RunStore
 
 RETENTION = 60
@@ -56,10 +57,9 @@ def new_run(store: RunStore) -> Iterator[NewRun]:
 
 
 def reserve(store: RunStore, run_id: str, tool: str, tool_class: ToolClass) -> int:
-    """The dispatcher's half: read the view, reserve the next step."""
-    view = store.view(run_id)
-    assert view is not None
-    outcome = store.reserve(view, tool, tool_class, json.dumps({"tool": tool}))
+    """The dispatcher's half: reserve the next step behind the class's gate."""
+    args = json.dumps({"tool": tool})
+    outcome = store.reserve(run_id, tool, tool_class, args, gate_for(tool_class))
     assert outcome.status == "ok", outcome
     return int(outcome.values[0])
 
@@ -187,15 +187,13 @@ def test_pivot_is_set_by_the_first_irreversible_success_only(
     store: RunStore, new_run: NewRun
 ) -> None:
     """Reversible successes do not move the pivot; the first irreversible one does, once."""
-    # Given a reversible step and two irreversible steps in flight
+    # Given a reversible step that settled (no pivot yet), then two irreversible steps in flight
     run_id = new_run()
     credit = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
-    mail = start(store, run_id, "send_reply", ToolClass.IRREVERSIBLE_WRITE)
-    hook = start(store, run_id, "post_webhook", ToolClass.IRREVERSIBLE_WRITE)
-
-    # When the reversible one settles, no pivot yet
     succeed(store, run_id, credit, "reverse_credit")
     assert store.view(run_id).pivot_step is None  # type: ignore[union-attr]
+    mail = start(store, run_id, "send_reply", ToolClass.IRREVERSIBLE_WRITE)
+    hook = start(store, run_id, "post_webhook", ToolClass.IRREVERSIBLE_WRITE)
 
     # When the later irreversible step settles first, then the earlier one
     succeed(store, run_id, hook, pivot=True)
@@ -376,35 +374,39 @@ def test_skip_with_another_step_in_flight_does_not_own(store: RunStore, new_run:
 # -- reserve -------------------------------------------------------------------------------
 
 
-def test_reserve_with_a_stale_version_changes_nothing(store: RunStore, new_run: NewRun) -> None:
-    """A view read before someone else's change is refused with ``conflict``."""
-    # Given a view, and a step reserved with it (which moves the version on)
+def test_a_closed_gate_refuses_and_changes_nothing(store: RunStore, new_run: NewRun) -> None:
+    """Class 5 behind an unsettled write, class 4 past the pivot: ``refused``, nothing moved."""
+    # Given a credit in flight
     run_id = new_run()
-    stale = store.view(run_id)
-    assert stale is not None
-    assert store.reserve(stale, "get_order", ToolClass.READ, "{}") == Outcome("ok", (1,))
+    credit = reserve(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
     run_before = run_hash(store, run_id)
     steps_before = store.client.hgetall(run_keys(run_id)[1])
+    mail = ToolClass.IRREVERSIBLE_WRITE
 
-    # When the same stale view reserves again
-    outcome = store.reserve(stale, "issue_credit", ToolClass.COMPENSATABLE_WRITE, "{}")
+    # When the mail asks to go out
+    outcome = store.reserve(run_id, "send_reply", mail, "{}", gate_for(mail))
 
     # Then it is refused and nothing moved
-    assert outcome == Outcome("conflict")
+    assert outcome == Outcome("refused")
     assert run_hash(store, run_id) == run_before
     assert store.client.hgetall(run_keys(run_id)[1]) == steps_before
-    assert store.view(run_id).in_flight == {1: ToolClass.READ}  # type: ignore[union-attr]
-    assert run_before["next_step"] == "1"
+
+    # and once the credit settled and the mail went out, a new credit is refused
+    store.begin_step(run_id, credit)
+    succeed(store, run_id, credit, "issue_credit")
+    assert store.reserve(run_id, "send_reply", mail, "{}", gate_for(mail)).status == "ok"
+    credit_class = ToolClass.COMPENSATABLE_WRITE
+    again = store.reserve(run_id, "issue_credit", credit_class, "{}", gate_for(credit_class))
+    assert again == Outcome("refused")
 
 
 def test_reserve_on_an_ended_run(store: RunStore, new_run: NewRun) -> None:
-    """A current view of an ended run cannot reserve: ``ended`` with the state."""
+    """An ended run cannot reserve: ``ended`` with the state."""
     run_id = new_run()
     assert store.conclude(run_id, RunState.COMPLETED) == Outcome("ok")
-    view = store.view(run_id)
-    assert view is not None
 
-    assert store.reserve(view, "get_order", ToolClass.READ, "{}") == Outcome(
+    read = gate_for(ToolClass.READ)
+    assert store.reserve(run_id, "get_order", ToolClass.READ, "{}", read) == Outcome(
         "ended", ("completed",)
     )
     assert run_hash(store, run_id)["next_step"] == "0"
@@ -414,10 +416,9 @@ def test_reserve_on_an_unwinding_run(store: RunStore, new_run: NewRun) -> None:
     """An unwinding run takes no new steps either."""
     run_id = new_run()
     store.abort(run_id, "stop")
-    view = store.view(run_id)
-    assert view is not None
 
-    assert store.reserve(view, "get_order", ToolClass.READ, "{}") == Outcome(
+    read = gate_for(ToolClass.READ)
+    assert store.reserve(run_id, "get_order", ToolClass.READ, "{}", read) == Outcome(
         "ended", ("unwinding",)
     )
 
@@ -659,8 +660,9 @@ def test_two_interleaved_runs_keep_to_their_own_keys(store: RunStore, new_run: N
     assert (a1, a2, b1, b2) == (1, 2, 1, 2)
 
     # And no key of one run names the other
-    keys_a = set(store.client.scan_iter(match=f"*{a}*"))
-    keys_b = set(store.client.scan_iter(match=f"*{b}*"))
+    # (the settled:<n> lists are the wake-up signals of clients waiting on a step)
+    keys_a = {k for k in store.client.scan_iter(match=f"*{a}*") if ":settled:" not in k}
+    keys_b = {k for k in store.client.scan_iter(match=f"*{b}*") if ":settled:" not in k}
     assert keys_a == {k for k in run_keys(a) if k != run_keys(a)[2]}
     assert keys_b == {k for k in run_keys(b) if k != run_keys(b)[2]}
     assert not any(b in key for key in keys_a)
@@ -676,14 +678,16 @@ def test_every_key_of_a_run_shares_its_hash_tag(store: RunStore, new_run: NewRun
 
     keys = run_keys(run_id)
     stored = set(store.client.scan_iter(match=f"*{run_id}*"))
+    signals = {k for k in stored if ":settled:" in k}
 
-    assert stored == set(keys)  # all five exist now (step two is still in flight)
+    assert stored - signals == set(keys)  # all five exist now (step two is still in flight)
+    assert signals == {settled_key(run_id, step)}
     assert two == 2
     assert len(set(keys)) == 5
-    for key in keys:
+    for key in [*keys, *signals]:
         assert key.count("{") == 1
         assert key[key.index("{") + 1 : key.index("}")] == run_id
-    assert {key_slot(k.encode()) for k in keys} == {key_slot(run_id.encode())}
+    assert {key_slot(k.encode()) for k in stored} == {key_slot(run_id.encode())}
 
 
 # -- the store being down ------------------------------------------------------------------
