@@ -17,6 +17,7 @@ from saga.rules import (
     REASON_COMPENSATION_FAILED,
     check_call,
     conclusion,
+    gate_for,
     not_undone,
     unwind_order,
 )
@@ -415,3 +416,22 @@ def test_not_undone_is_empty_when_everything_was_undone() -> None:
     )
 
     assert not_undone(run) == []
+
+
+@pytest.mark.parametrize(
+    ("tool_class", "unsettled", "before_pivot"),
+    [
+        (ToolClass.READ, set(), False),
+        (ToolClass.CONVERGENT_WRITE, set(), False),
+        (ToolClass.REVERSIBLE_WRITE, set(), True),
+        (ToolClass.COMPENSATABLE_WRITE, set(), True),
+        (ToolClass.IRREVERSIBLE_WRITE, {2, 3, 4}, False),
+    ],
+)
+def test_the_gate_redis_checks_is_the_rule_check_call_explains(
+    tool_class: ToolClass, unsettled: set[int], before_pivot: bool
+) -> None:
+    """The reserve script enforces exactly these gates; check_call words the refusals."""
+    gate = gate_for(tool_class)
+    assert {int(c) for c in gate.unsettled_classes} == unsettled
+    assert gate.before_pivot is before_pivot
