@@ -15,6 +15,7 @@ Why these defaults:
 from __future__ import annotations
 
 import os
+import ssl
 
 _redis = os.environ.get("SAGA_REDIS_URL", "redis://localhost:6379/0")
 
@@ -47,6 +48,23 @@ worker_send_task_events = True
 # The extra "sent" event would double every publish from the agent's process.
 task_send_sent_event = False
 task_track_started = True
+
+# TLS (rediss:// URLs): certificates are always checked. SAGA_REDIS_SSL_CA names the CA file;
+# SAGA_REDIS_SSL_CERT and SAGA_REDIS_SSL_KEY a client certificate, where the server wants one.
+if broker_url.startswith("rediss://"):
+    broker_use_ssl = {
+        "ssl_cert_reqs": ssl.CERT_REQUIRED,
+        "ssl_ca_certs": os.environ.get("SAGA_REDIS_SSL_CA"),
+        "ssl_certfile": os.environ.get("SAGA_REDIS_SSL_CERT"),
+        "ssl_keyfile": os.environ.get("SAGA_REDIS_SSL_KEY"),
+    }
+if result_backend.startswith("rediss://"):
+    redis_backend_use_ssl = {
+        "ssl_cert_reqs": ssl.CERT_REQUIRED,
+        "ssl_ca_certs": os.environ.get("SAGA_REDIS_SSL_CA"),
+        "ssl_certfile": os.environ.get("SAGA_REDIS_SSL_CERT"),
+        "ssl_keyfile": os.environ.get("SAGA_REDIS_SSL_KEY"),
+    }
 
 broker_connection_retry_on_startup = True
 worker_hijack_root_logger = False

@@ -9,6 +9,7 @@ Redis that never evicts (the stack is workflow state).
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Iterable
 from typing import Any
 
@@ -40,6 +41,7 @@ def configuration_problems(
         problems.append("task_acks_late is off: a crash after the effect would lose the push")
     if str(conf.get("broker_url") or "").startswith(("redis", "rediss", "sentinel")):
         problems += _visibility_problems(conf, policies)
+    problems += _tls_problems(conf)
     for store in stores:
         problems += _eviction_problems(store)
     return problems
@@ -61,12 +63,41 @@ def _visibility_problems(conf: Any, policies: Iterable[RetryPolicy]) -> list[str
     ]
 
 
+def _tls_problems(conf: Any) -> list[str]:
+    """A rediss:// URL without certificate checks is encryption to whoever answers."""
+    problems = []
+    for url_setting, ssl_setting in (
+        ("broker_url", "broker_use_ssl"),
+        ("result_backend", "redis_backend_use_ssl"),
+    ):
+        url = str(conf.get(url_setting) or "")
+        if not url.startswith("rediss://"):
+            continue
+        options = conf.get(ssl_setting) or {}
+        in_url = "ssl_cert_reqs=required" in url.lower() or "cert_required" in url.lower()
+        if options.get("ssl_cert_reqs") != ssl.CERT_REQUIRED and not in_url:
+            problems.append(
+                f"{url_setting} is rediss:// without certificate checks: set {ssl_setting} "
+                "ssl_cert_reqs=CERT_REQUIRED (SAGA_REDIS_SSL_CA in celeryconfig.py)"
+            )
+    return problems
+
+
 def _eviction_problems(store: redis.Redis) -> list[str]:
     try:
-        policy = str(store.config_get("maxmemory-policy").get("maxmemory-policy", ""))
+        config = store.config_get("maxmemory-policy")
+        persistence = store.config_get("appendonly")
+    except redis.AuthenticationError as exc:
+        return [f"the stack's Redis refused the credentials: {exc}"]
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        return [f"the stack's Redis cannot be reached: {exc}"]
     except redis.ResponseError:
         logger.warning("cannot read the Redis maxmemory-policy (CONFIG is not allowed); check it")
         return []
+    policy = str(config.get("maxmemory-policy", ""))
+    if persistence.get("appendonly") == "no":
+        # Fine for development; in production a Redis crash would lose every stack.
+        logger.warning("the stack's Redis runs without AOF (appendonly no): see docs/durability.md")
     if policy and policy not in _SAFE_EVICTION:
         return [f"Redis maxmemory-policy is {policy}: it may evict the compensation stack"]
     return []

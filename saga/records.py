@@ -46,7 +46,10 @@ class EscalationRecord(_Base):
 
     escalation_id: Mapped[str] = mapped_column(String(80), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(64), index=True)
+    #: The verdict ("compensation failed", "failed after an irreversible step", ...).
     reason: Mapped[str] = mapped_column(Text)
+    #: What set the run failing ("step 5 failed", "aborted: ...").
+    cause: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     steps_done: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     stack: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
@@ -114,6 +117,7 @@ class RecordStore:
             escalation_id=f"{picture.run_id}:{generation}",
             run_id=picture.run_id,
             reason=reason,
+            cause=picture.cause or (picture.reason if picture.reason != reason else ""),
             created_at=datetime.now(UTC),
             steps_done=[s for s in _steps_json(picture) if s["state"] == "succeeded"],
             stack=picture.stack,

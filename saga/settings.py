@@ -40,23 +40,39 @@ class Settings:
     #: Deliveries beyond a tool's retry attempts (each one a crash mid-step) before it is
     #: treated as in doubt instead of looping forever under ``task_reject_on_worker_lost``.
     max_redeliveries: int = 2
+    #: How long a worker keeps retrying to record a step whose effect happened while the
+    #: stack's Redis is unreachable (keep it below the task time limit).
+    store_outage_patience: float = 30.0
     #: Extra Redis client options (e.g. TLS certificates).
     redis_options: dict[str, object] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls) -> Self:
         """Read ``SAGA_REDIS_URL`` (falling back to ``SAGA_BROKER_URL``) and the rest."""
-        redis_url = (
-            os.environ.get("SAGA_REDIS_URL")
-            or os.environ.get("SAGA_BROKER_URL")
-            or DEFAULT_REDIS_URL
-        )
+        env = os.environ
+        redis_url = env.get("SAGA_REDIS_URL") or env.get("SAGA_BROKER_URL") or DEFAULT_REDIS_URL
+        redis_options: dict[str, object] = {}
+        if redis_url.startswith("rediss://"):
+            # Certificates are always checked; the files come from the same variables as the
+            # broker's (celeryconfig.py).
+            redis_options["ssl_cert_reqs"] = "required"
+            for option, name in (
+                ("ssl_ca_certs", "SAGA_REDIS_SSL_CA"),
+                ("ssl_certfile", "SAGA_REDIS_SSL_CERT"),
+                ("ssl_keyfile", "SAGA_REDIS_SSL_KEY"),
+            ):
+                if env.get(name):
+                    redis_options[option] = env[name]
         return cls(
             redis_url=redis_url,
-            database_url=os.environ.get("SAGA_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            database_url=env.get("SAGA_DATABASE_URL") or DEFAULT_DATABASE_URL,
             retention_seconds=_env_int("SAGA_RETENTION_SECONDS", cls.retention_seconds),
             max_payload_bytes=_env_int("SAGA_MAX_PAYLOAD_BYTES", cls.max_payload_bytes),
             wait_timeout=float(_env_int("SAGA_WAIT_TIMEOUT", int(cls.wait_timeout))),
+            store_outage_patience=float(
+                _env_int("SAGA_STORE_OUTAGE_PATIENCE", int(cls.store_outage_patience))
+            ),
             run_deadline_seconds=_env_int("SAGA_RUN_DEADLINE", cls.run_deadline_seconds),
             max_redeliveries=_env_int("SAGA_MAX_REDELIVERIES", cls.max_redeliveries),
+            redis_options=redis_options,
         )

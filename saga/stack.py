@@ -20,7 +20,7 @@ from redis.commands.core import Script
 
 from saga import payload
 from saga.constants import ACTIVE_RUNS_KEY, run_keys, settled_key
-from saga.errors import StoreUnavailableError
+from saga.errors import ConfigurationError, StoreUnavailableError
 from saga.model import CompensationState, RunState, StepState, ToolClass
 
 if TYPE_CHECKING:
@@ -112,6 +112,9 @@ class RunPicture:
     doubt: str = ""
     in_flight: tuple[int, ...] = ()
     version: str = ""
+    #: What set a failing run on its way ("step 4 failed", "aborted: ..."), once ``reason``
+    #: holds the verdict ("compensation failed", ...).
+    cause: str = ""
 
     def step(self, number: int) -> StepRecord:
         return next(s for s in self.steps if s.step == number)
@@ -324,6 +327,7 @@ class RunStore:
             doubt=run.get("doubt", ""),
             in_flight=tuple(sorted(int(s) for s in inflight)),
             version=run.get("version", ""),
+            cause=run.get("cause", ""),
         )
 
 
@@ -332,6 +336,8 @@ def _reachable(what: str) -> Iterator[None]:
     """Redis being away is a saga error the caller can retry, not a library traceback."""
     try:
         yield
+    except redis.AuthenticationError as exc:  # retrying will not fix a wrong password
+        raise ConfigurationError(f"the saga store refused the credentials ({what}): {exc}") from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise StoreUnavailableError(f"saga store unreachable ({what}): {exc}") from exc
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
 from celery.canvas import signature
 from celery.exceptions import Ignore
-from celery.signals import task_revoked, worker_init
+from celery.signals import celeryd_after_setup, task_revoked
 
 from saga import payload
 from saga.constants import (
@@ -73,9 +74,12 @@ def install(app: Celery, saga: Saga) -> None:
         }
 
     def refuse_unsafe_configuration(sender: Any = None, **_: Any) -> None:
-        problems = configuration_problems(
-            app.conf, (t.retry for t in saga.registry), [saga.store.client]
-        )
+        try:
+            problems = configuration_problems(
+                app.conf, (t.retry for t in saga.registry), [saga.store.client]
+            )
+        except Exception as exc:  # a guard that cannot look must not wave the worker through
+            problems = [f"the configuration could not be checked: {exc!r}"]
         if faults_enabled():
             logger.warning("FAULT INJECTION IS ENABLED (%s=1): never in production", FAULTS_ENV)
         if problems:
@@ -88,7 +92,8 @@ def install(app: Celery, saga: Saga) -> None:
     def step_revoked(sender: Any = None, request: Any = None, **info: Any) -> None:
         _on_revoked(saga, request, bool(info.get("terminated")))
 
-    worker_init.connect(
+    # After logging is set up (so the refusal reaches --logfile), before the pool starts.
+    celeryd_after_setup.connect(
         refuse_unsafe_configuration, weak=False, dispatch_uid=f"saga-guard-{id(app)}"
     )
     task_revoked.connect(step_revoked, weak=False, dispatch_uid=f"saga-revoked-{id(app)}")
@@ -192,13 +197,32 @@ def _forward(
             raise task.retry(exc=exc, countdown=tool.retry.delay(attempt)) from exc
         _settle_failure(saga, run_id, step, _error(exc, attempt))
         raise
-    try:
-        _settle_success(saga, tool, run_id, step, args, result)
-    except StoreUnavailableError as exc:
-        # The effect happened but is not recorded: the step must not look successful. Try
-        # again later (the tool's idempotency key answers the repeat with the same effect).
-        raise task.retry(exc=exc, countdown=tool.retry.delay(attempt)) from exc
+    _settle_success_patiently(saga, tool, run_id, step, args, result)
     return result
+
+
+def _settle_success_patiently(
+    saga: Saga, tool: Tool, run_id: str, step: int, args: dict[str, Any], result: Any
+) -> None:
+    """The effect happened; recording it must not depend on the broker being up.
+
+    When the stack's Redis is away, a Celery retry would have to publish to that same Redis
+    and the message would be dropped. So the task keeps trying itself, for a bounded time;
+    the step never looks successful before its undo is pushed. If Redis stays away, the
+    exception leaves the message unacknowledged for redelivery (or the reaper's lookup).
+    """
+    delay, waited = 0.1, 0.0
+    while True:
+        try:
+            _settle_success(saga, tool, run_id, step, args, result)
+            return
+        except StoreUnavailableError:
+            if waited >= saga.settings.store_outage_patience:
+                raise
+            logger.warning("run %s step %d: stack unreachable, retrying the push", run_id, step)
+            time.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 2.0)
 
 
 def _settle_failure(saga: Saga, run_id: str, step: int, error: dict[str, Any]) -> None:

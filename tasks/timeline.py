@@ -70,6 +70,8 @@ def render(picture: RunPicture) -> list[str]:
 
 def render_escalation(escalation: EscalationRecord) -> list[str]:
     lines = [f"   ESCALATION {escalation.escalation_id}: {escalation.reason}"]
+    if escalation.cause:
+        lines.append(f"     cause:          {escalation.cause}")
     steps = ", ".join(f"{s['step']} {s['tool']}" for s in escalation.steps_done)
     lines.append(f"     steps done:     {steps}")
     for item in escalation.not_undone:

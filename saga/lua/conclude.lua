@@ -10,7 +10,12 @@ elseif state ~= 'unwinding' then
   return {'ended', state}
 end
 redis.call('HSET', RUN, 'state', ARGV[1], 'ended', ARGV[3])
-if ARGV[2] ~= '' then redis.call('HSET', RUN, 'reason', ARGV[2]) end
+if ARGV[2] ~= '' then
+  -- Keep what set the run failing ("step 4 failed", "aborted: ...") beside the verdict.
+  local cause = redis.call('HGET', RUN, 'reason')
+  if cause ~= ARGV[2] then redis.call('HSET', RUN, 'cause', cause) end
+  redis.call('HSET', RUN, 'reason', ARGV[2])
+end
 bump(ARGV[3])
 for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[4]) end
 return {'ok'}
