@@ -35,10 +35,15 @@ task_time_limit = int(os.environ.get("SAGA_TASK_TIME_LIMIT", "300"))
 task_soft_time_limit = max(1, task_time_limit * 9 // 10)
 #: Longest retry delay any tool may ask for (RetryPolicy.backoff_max defaults stay below it).
 retry_delay_max = 600
+_visibility = int(
+    os.environ.get("SAGA_VISIBILITY_TIMEOUT", str(2 * max(task_time_limit, retry_delay_max)))
+)
 broker_transport_options = {
-    "visibility_timeout": int(
-        os.environ.get("SAGA_VISIBILITY_TIMEOUT", str(2 * max(task_time_limit, retry_delay_max)))
-    ),
+    "visibility_timeout": _visibility,
+    # How often a running worker looks for messages a dead worker left unacknowledged (kombu's
+    # default, 10 s x 10, makes a standby worker wait ~100 s past the visibility timeout).
+    "unacked_restore_interval": max(1, min(60, _visibility // 3)),
+    "unacked_restore_throttle": 1,
 }
 result_backend_transport_options = broker_transport_options
 result_expires = 24 * 3600

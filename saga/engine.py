@@ -195,6 +195,7 @@ class Saga:
             self.conclude(run_id)
             return
         signatures = []
+        unwind = uuid.uuid4().hex[:8]
         for entry in rules.unwind_order(picture.stack):
             if entry.get("broken"):
                 error = {"type": "CompensationBuildError", "message": entry["description"]}
@@ -205,7 +206,8 @@ class Saga:
                     tool_task_name(entry["tool"]),
                     kwargs={"run_id": run_id, "compensates": entry["step"]},
                     immutable=True,
-                    task_id=f"{run_id}:{entry['step']}:undo",
+                    # Unique per unwind: a revoked id would be discarded forever on requeue.
+                    task_id=f"{run_id}:{entry['step']}:undo:{unwind}",
                 )
             )
         signatures.append(
@@ -236,6 +238,15 @@ class Saga:
             self._call_hook(self.hooks.on_escalation, escalation)
         self._call_hook(self.hooks.on_run_ended, self.picture(run_id), state.value, reason)
         return state
+
+    def escalate_late_effect(self, run_id: str, step: int) -> None:
+        """A step reconciled as "never happened" landed after the run ended: record it loudly,
+        with its undo on the stack, for a person (and ``requeue_failed_compensations``)."""
+        picture = self.picture(run_id)
+        logger.error("run %s: step %d landed after the run ended; escalating", run_id, step)
+        self.records.record_run(picture, picture.state.value, picture.reason)
+        escalation = self.records.record_escalation(picture, picture.reason)
+        self._call_hook(self.hooks.on_escalation, escalation)
 
     def requeue_failed_compensations(self, run_id: str) -> int:
         """Run an escalated run's failed compensations again (after someone fixed the cause)."""
@@ -283,11 +294,13 @@ class Saga:
             entry["description"] = f"cannot undo step {step} ({tool.name}): {exc}"
             return result_json, payload.dumps(entry, what="undo", limit=limit), problem or str(exc)
 
-    def reap(self) -> ReapReport:
-        """Resolve every run with no progress past its deadline (the beat task calls this)."""
+    def reap(self, now: float | None = None) -> ReapReport:
+        """Resolve every run with no progress past its deadline (the beat task calls this).
+
+        ``now`` lets a test look at the runs as the clock will see them later."""
         from saga.reaper import reap
 
-        return reap(self)
+        return reap(self, now)
 
     def _call_hook(self, hook: Any, *args: Any) -> None:
         try:

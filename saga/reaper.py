@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("saga.reaper")
 
+#: Seconds past the task time limit before a started step is taken for lost.
+_TIME_LIMIT_MARGIN = 5.0
+
 
 @dataclass
 class ReapReport:
@@ -96,6 +99,14 @@ def reap(saga: Saga, now: float | None = None) -> ReapReport:
     return report
 
 
+def _may_still_run(saga: Saga, picture: RunPicture, step: int, now: float) -> bool:
+    """A step whose delivery started within the task time limit may still be running: calling
+    it lost now would reconcile it before its effect lands."""
+    started = picture.step(step).started
+    limit = float(saga.app.conf.get("task_time_limit") or 0)
+    return started is not None and now - started < limit + _TIME_LIMIT_MARGIN
+
+
 def _resolve(saga: Saga, picture: RunPicture, now: float, report: ReapReport) -> None:
     run_id, idle = picture.run_id, int(now - picture.updated)
     if picture.in_flight:
@@ -107,6 +118,8 @@ def _resolve(saga: Saga, picture: RunPicture, now: float, report: ReapReport) ->
                 if saga.store.record_failure(run_id, step, error).owns_unwind:
                     saga.start_unwind(run_id, f"step:{step}")
                 report.never_started.append((run_id, step))
+            elif state is StepState.RUNNING and _may_still_run(saga, picture, step, now):
+                continue
             elif state in (StepState.RUNNING, StepState.IN_DOUBT):
                 error = {"type": "NoOutcome", "message": f"no outcome after {idle}s"}
                 report.in_doubt.append((run_id, step, mark_in_doubt(saga, run_id, step, error)))

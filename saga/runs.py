@@ -79,7 +79,11 @@ class StepHandle:
             if state is None:
                 raise UnknownRunError(f"no step {self.step} in run {self.run_id}")
             if state == StepState.IN_DOUBT:
-                raise StepInDoubtError(f"step {self.step} ({self.tool}) is in doubt: {error}")
+                if self.saga.store.in_flight(self.run_id, self.step):
+                    self._settled = False  # being reconciled: the verdict wakes us
+                else:
+                    message = f"step {self.step} ({self.tool}) is in doubt: {error}"
+                    raise StepInDoubtError(message)
             if time.monotonic() >= deadline:
                 raise WaitTimeoutError(f"step {self.step} ({self.tool}) still {state!s}")
 

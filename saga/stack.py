@@ -78,6 +78,8 @@ class StepRecord:
     error: dict[str, Any] | None = None
     #: For a step that was in doubt: what its lookup found ("happened", "not_happened", ...).
     reconciled: str = ""
+    #: When its current delivery started running (the caller's clock), if it did.
+    started: float | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ class CompensationRecord:
     error: dict[str, Any] | None = None
     #: When it was confirmed done (or given up on), by the Redis caller's clock.
     settled_at: float | None = None
+    #: The Celery task that last ran it (what Flower shows, what ``revoke`` takes).
+    task_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,16 @@ class Outcome:
 
     @property
     def owns_unwind(self) -> bool:
-        return bool(self.values) and int(self.values[0]) == 1
+        """True when this caller came to own the run's unwind (it must start it)."""
+        return (
+            self.status in ("ok", "dup", "skip")
+            and bool(self.values)
+            and self.values[0]
+            in (
+                1,
+                "1",
+            )
+        )
 
 
 class RunStore:
@@ -264,8 +277,8 @@ class RunStore:
 
     # -- unwind path ----------------------------------------------------------------------
 
-    def begin_compensation(self, run_id: str, step: int) -> Outcome:
-        return self._call("begin_compensation", run_id, step, time.time())
+    def begin_compensation(self, run_id: str, step: int, task_id: str = "") -> Outcome:
+        return self._call("begin_compensation", run_id, step, time.time(), task_id)
 
     def record_compensation(
         self, run_id: str, step: int, outcome: str, error: dict[str, Any] | None = None
@@ -285,6 +298,10 @@ class RunStore:
     def owner(self, run_id: str) -> str:
         with _reachable("owner"):
             return cast(str, self.client.hget(run_keys(run_id)[0], "owner") or "")
+
+    def in_flight(self, run_id: str, step: int) -> bool:
+        with _reachable("in_flight"):
+            return bool(self.client.hexists(run_keys(run_id)[2], str(step)))
 
     def step_outcome(self, run_id: str, step: int) -> tuple[str | None, str | None, str | None]:
         """The step's state, result and error as stored."""
@@ -364,6 +381,7 @@ def _steps_from(fields: dict[str, str], count: int) -> list[StepRecord]:
                 result=payload.loads(fields.get(f"{n}:result")),
                 error=payload.loads(fields.get(f"{n}:error") or None),
                 reconciled=fields.get(f"{n}:reconciled", ""),
+                started=float(fields[f"{n}:started"]) if f"{n}:started" in fields else None,
             )
         )
     return steps
@@ -379,6 +397,7 @@ def _compensations_from(fields: dict[str, str]) -> list[CompensationRecord]:
             attempts=int(fields.get(f"{n}:attempts", 0)),
             error=payload.loads(fields.get(f"{n}:error") or None),
             settled_at=float(fields[f"{n}:at"]) if f"{n}:at" in fields else None,
+            task_id=fields.get(f"{n}:task_id", ""),
         )
         for n in numbers
     ]

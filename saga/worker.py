@@ -135,6 +135,11 @@ def _on_revoked(saga: Saga, request: Any, terminated: bool) -> None:
     try:
         if kwargs.get("compensates") is not None:
             saga.store.record_compensation(run_id, int(kwargs["compensates"]), "failed", error)
+            # The older compensations and the conclusion still have to run.
+            remaining = list(getattr(request, "chain", None) or [])
+            _send_rest(
+                saga.app, remaining, getattr(request, "id", None), getattr(request, "root_id", None)
+            )
         elif terminated:
             mark_in_doubt(saga, run_id, int(kwargs["step"]), error)
         elif saga.store.record_failure(run_id, int(kwargs["step"]), error).owns_unwind:
@@ -240,6 +245,8 @@ def _settle_success(
     outcome = saga.store.record_success(run_id, step, result_json, entry_json, irreversible)
     if outcome.owns_unwind:
         saga.start_unwind(run_id, f"step:{step}")
+    elif outcome.status == "late":
+        saga.escalate_late_effect(run_id, step)
     if problem:
         logger.error("run %s step %d (%s): %s; aborting the run", run_id, step, tool.name, problem)
         with contextlib.suppress(RunEndedError):  # already failing: the unwind meets it anyway
@@ -248,7 +255,7 @@ def _settle_success(
 
 def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int) -> Any:
     store = saga.store
-    begin = store.begin_compensation(run_id, step)
+    begin = store.begin_compensation(run_id, step, str(task.request.id or ""))
     if begin.status != "run":  # done already (a redelivery), or the run is gone
         logger.info("run %s: compensation of step %d not run: %s", run_id, step, begin.status)
         return {"compensated": step, "replayed": True}
@@ -293,9 +300,11 @@ def _continue_chain(task: Task) -> None:
     """
     remaining = list(task.request.chain or [])
     task.request.chain = None
+    _send_rest(task.app, remaining, task.request.id, task.request.root_id)
+
+
+def _send_rest(app: Celery, remaining: list[Any], parent_id: Any, root_id: Any) -> None:
     if not remaining:
         return
-    following = signature(remaining[-1], app=task.app)
-    following.apply_async(
-        chain=remaining[:-1], parent_id=task.request.id, root_id=task.request.root_id
-    )
+    following = signature(remaining[-1], app=app)
+    following.apply_async(chain=remaining[:-1], parent_id=parent_id, root_id=root_id)

@@ -20,6 +20,6 @@ if st == 'dispatched' and run_state ~= 'running' then
   notify()
   return {'skip', maybe_own('step:' .. n)}
 end
-redis.call('HSET', STEPS, n .. ':state', 'running')
+redis.call('HSET', STEPS, n .. ':state', 'running', n .. ':started', ARGV[2])
 local attempts = redis.call('HINCRBY', STEPS, n .. ':attempts', 1)
 return {'run', attempts}

@@ -220,6 +220,7 @@ def test_recorded_run_is_read_back(records: RecordStore) -> None:
             "result": {"order_id": 4921},
             "error": None,
             "reconciled": "",
+            "started": None,
         },
         {
             "step": 2,
@@ -231,6 +232,7 @@ def test_recorded_run_is_read_back(records: RecordStore) -> None:
             "result": None,
             "error": {"type": "Timeout", "message": "slow"},
             "reconciled": "",
+            "started": None,
         },
     ]
     assert records.run(uuid.uuid4().hex) is None

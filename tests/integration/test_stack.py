@@ -721,3 +721,50 @@ def test_unreachable_store_is_a_retryable_saga_error(
 
     assert err.value.retryable is True
     assert isinstance(err.value.__cause__, redis.ConnectionError)
+
+
+# -- in doubt ------------------------------------------------------------------------------
+
+
+def test_an_effect_that_lands_after_it_was_reconciled_as_missing_is_not_lost(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """Reconciled "not happened", run compensated, then the credit lands: escalated, undo kept."""
+    # Given a credit in doubt, reconciled as never having happened, and the run compensated
+    run_id = new_run()
+    credit = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    assert store.mark_in_doubt(run_id, credit, {"type": "NoOutcome", "message": "?"}).status == "ok"
+    resolved = store.resolve_in_doubt(run_id, credit, "not_happened", "", "", False, "")
+    assert resolved.owns_unwind
+    assert store.conclude(run_id, RunState.COMPENSATED).status == "ok"
+
+    # When the credit's worker records its success after all
+    late = succeed(store, run_id, credit, "reverse_credit")
+
+    # Then the run is reopened as escalated with the undo on its stack, and can be requeued
+    assert late.status == "late"
+    picture = store.picture(run_id)
+    assert picture is not None
+    assert picture.state is RunState.ESCALATED
+    assert picture.cause == f"step {credit} landed after the run ended"
+    assert [e["step"] for e in picture.stack] == [credit]
+    assert picture.step(credit).reconciled == "landed_late"
+    assert store.client.ttl(run_keys(run_id)[0]) == -1
+    assert store.requeue(run_id).status == "ok"
+
+
+def test_a_waiter_is_woken_by_the_verdict_not_by_the_doubt(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """Marking in doubt signals nobody; reconciling does (so waiters see a verdict)."""
+    run_id = new_run()
+    step = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    signal = settled_key(run_id, step)
+
+    store.mark_in_doubt(run_id, step, {"type": "NoOutcome", "message": "?"})
+    assert store.client.llen(signal) == 0
+    assert store.in_flight(run_id, step)
+
+    store.resolve_in_doubt(run_id, step, "unknown", "", "", False, "step in doubt")
+    assert store.client.llen(signal) == 1
+    assert not store.in_flight(run_id, step)

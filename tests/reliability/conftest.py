@@ -77,9 +77,7 @@ def _app(url: str, visibility_timeout: int) -> Celery:
 
 
 @pytest.fixture
-def private(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[..., Private]]:
+def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Private]]:
     """Factory: ``private(redis_args=..., run_deadline=..., registry=...)``."""
     if shutil.which("redis-server") is None:
         service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
