@@ -192,7 +192,7 @@ class Saga:
         """
         picture = self.picture(run_id)
         if picture.pivot_step is not None:
-            self.conclude(run_id)
+            self.conclude(run_id, owner)
             return
         signatures = []
         unwind = uuid.uuid4().hex[:8]
@@ -204,23 +204,31 @@ class Saga:
             signatures.append(
                 self.app.signature(
                     tool_task_name(entry["tool"]),
-                    kwargs={"run_id": run_id, "compensates": entry["step"]},
+                    kwargs={"run_id": run_id, "compensates": entry["step"], "unwind": owner},
                     immutable=True,
                     # Unique per unwind: a revoked id would be discarded forever on requeue.
                     task_id=f"{run_id}:{entry['step']}:undo:{unwind}",
                 )
             )
         signatures.append(
-            self.app.signature(CONCLUDE_UNWIND_TASK, kwargs={"run_id": run_id}, immutable=True)
+            self.app.signature(
+                CONCLUDE_UNWIND_TASK, kwargs={"run_id": run_id, "owner": owner}, immutable=True
+            )
         )
         chain(*signatures).apply_async()
         self.store.mark_sent(run_id, owner)
         logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
 
-    def conclude(self, run_id: str) -> RunState:
-        """End an unwinding run: compensated, or escalated with the whole picture."""
+    def conclude(self, run_id: str, owner: str = "") -> RunState:
+        """End an unwinding run: compensated, or escalated with the whole picture.
+
+        ``owner`` is the unwind whose chain concludes: a chain the reaper has since replaced
+        (its owner died, then its messages came back late) must not end the run early."""
         picture = self.picture(run_id)
         if picture.state is not RunState.UNWINDING:
+            return picture.state
+        if owner and picture.extra.get("owner") != owner:
+            logger.info("run %s: a stale unwind (%s) does not conclude", run_id, owner)
             return picture.state
         state, reason = rules.conclusion(picture)
         reason = reason or picture.reason
@@ -230,7 +238,7 @@ class Saga:
             escalation = self.records.record_escalation(picture, reason)
         elif picture.extra.get("generation", "0") != "0":
             self.records.resolve_escalations(run_id)
-        if self.store.conclude(run_id, state, reason).status != "ok":
+        if self.store.conclude(run_id, state, reason, owner).status != "ok":
             return self.picture(run_id).state
         self.store.forget(run_id)
         if escalation is not None:

@@ -55,7 +55,9 @@ def reconcile(saga: Saga, run_id: str, step: int) -> str:
         return "settled"
     tool = saga.registry.get(record.tool)
     verdict, result = "unknown", None
-    if tool.lookup is not None:
+    if tool.tool_class is ToolClass.READ:
+        verdict = "not_happened"  # a read has no effect to find, nor to undo
+    elif tool.lookup is not None:
         try:
             result = tool.lookup(step_idempotency_key(run_id, step), record.args)
             verdict = "not_happened" if result is None else "happened"

@@ -277,8 +277,10 @@ class RunStore:
 
     # -- unwind path ----------------------------------------------------------------------
 
-    def begin_compensation(self, run_id: str, step: int, task_id: str = "") -> Outcome:
-        return self._call("begin_compensation", run_id, step, time.time(), task_id)
+    def begin_compensation(
+        self, run_id: str, step: int, task_id: str = "", unwind: str = ""
+    ) -> Outcome:
+        return self._call("begin_compensation", run_id, step, time.time(), task_id, unwind)
 
     def record_compensation(
         self, run_id: str, step: int, outcome: str, error: dict[str, Any] | None = None
@@ -287,9 +289,9 @@ class RunStore:
             "record_compensation", run_id, step, outcome, _error_json(error), time.time()
         ).status
 
-    def conclude(self, run_id: str, state: RunState, reason: str = "") -> Outcome:
+    def conclude(self, run_id: str, state: RunState, reason: str = "", owner: str = "") -> Outcome:
         return self._call(
-            "conclude", run_id, state.value, reason, time.time(), self.retention_seconds
+            "conclude", run_id, state.value, reason, time.time(), self.retention_seconds, owner
         )
 
     def requeue(self, run_id: str) -> Outcome:

@@ -99,13 +99,18 @@ def install(app: Celery, saga: Saga) -> None:
     task_revoked.connect(step_revoked, weak=False, dispatch_uid=f"saga-revoked-{id(app)}")
 
     @app.task(name=CONCLUDE_UNWIND_TASK, **{**_TASK_OPTIONS, "max_retries": 20})
-    def conclude_unwind(self: Task, run_id: str) -> str:
+    def conclude_unwind(self: Task, run_id: str, owner: str = "") -> str:
         try:
-            return saga.conclude(run_id).value
+            return saga.conclude(run_id, owner).value
         except Exception as exc:
             # The records database may be down: keep the run unwinding and try again.
             attempt = self.request.retries + 1
-            raise self.retry(exc=exc, countdown=RetryPolicy().delay(attempt)) from exc
+            raise self.retry(exc=exc, countdown=_CONCLUDE_RETRY.delay(attempt)) from exc
+
+
+#: Retrying a conclusion (its records database was away): short delays, well below any
+#: visibility timeout, so the message is never handed to a second worker meanwhile.
+_CONCLUDE_RETRY = RetryPolicy(attempts=20, backoff=0.5, backoff_max=5.0)
 
 
 def _install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
@@ -116,9 +121,10 @@ def _install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
         step: int | None = None,
         args: dict[str, Any] | None = None,
         compensates: int | None = None,
+        unwind: str = "",
     ) -> Any:
         if compensates is not None:
-            return _compensate(saga, self, tool, run_id, compensates)
+            return _compensate(saga, self, tool, run_id, compensates, unwind)
         if step is None:
             raise InvalidArgumentsError(f"{tool.name} task needs a step or a compensation")
         return _forward(saga, self, tool, run_id, step, args or {})
@@ -253,9 +259,9 @@ def _settle_success(
             saga.abort(run_id, f"step {step} ({tool.name}): {problem}")
 
 
-def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int) -> Any:
+def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwind: str) -> Any:
     store = saga.store
-    begin = store.begin_compensation(run_id, step, str(task.request.id or ""))
+    begin = store.begin_compensation(run_id, step, str(task.request.id or ""), unwind)
     if begin.status != "run":  # done already (a redelivery), or the run is gone
         logger.info("run %s: compensation of step %d not run: %s", run_id, step, begin.status)
         return {"compensated": step, "replayed": True}

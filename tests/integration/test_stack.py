@@ -768,3 +768,47 @@ def test_a_waiter_is_woken_by_the_verdict_not_by_the_doubt(
     store.resolve_in_doubt(run_id, step, "unknown", "", "", False, "step in doubt")
     assert store.client.llen(signal) == 1
     assert not store.in_flight(run_id, step)
+
+
+# -- stale and given-up compensations ---------------------------------------------------------
+
+
+def test_a_compensation_given_up_on_runs_again_only_through_a_requeue(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """A failed compensation's late message runs nothing; after a requeue it runs."""
+    run_id = new_run()
+    three_writes_and_abort(store, run_id)
+    store.begin_compensation(run_id, 3)
+    store.record_compensation(run_id, 3, "failed", {"message": "down"})
+
+    assert store.begin_compensation(run_id, 3) == Outcome("failed")
+    for step in (2, 1):
+        store.begin_compensation(run_id, step)
+        store.record_compensation(run_id, step, "done")
+    assert store.conclude(run_id, RunState.ESCALATED, "compensation failed").status == "ok"
+    assert store.begin_compensation(run_id, 3) == Outcome("failed")
+
+    assert store.requeue(run_id).status == "ok"
+    assert store.begin_compensation(run_id, 3).status == "run"
+
+
+def test_a_stale_unwind_neither_compensates_nor_concludes(store: RunStore, new_run: NewRun) -> None:
+    """After the reaper takes an unwind over, the old chain's messages change nothing."""
+    # Given an unwind owned by "abort", then taken over by the reaper
+    run_id = new_run()
+    three_writes_and_abort(store, run_id)
+    old_owner = store.owner(run_id)
+    view = store.view(run_id)
+    assert view is not None and store.take_over(run_id, view.version, "reaper:1")
+
+    # When the old chain's compensation and conclusion arrive
+    stale = store.begin_compensation(run_id, 3, "old-task", old_owner)
+    concluded = store.conclude(run_id, RunState.COMPENSATED, "", old_owner)
+
+    # Then both are refused, and the new owner's go through
+    assert (stale, concluded) == (Outcome("stale"), Outcome("stale"))
+    assert store.begin_compensation(run_id, 3, "new-task", "reaper:1").status == "run"
+    picture = store.picture(run_id)
+    assert picture is not None and picture.state is RunState.UNWINDING
+    assert next(c for c in picture.compensations if c.step == 3).task_id == "new-task"

@@ -1,0 +1,908 @@
+"""The randomised chaos run: many small sagas, random kill points, two workers, invariants.
+
+    python -m tests.reliability.chaos --runs 200 --seed 1
+
+It starts a private ``redis-server``, two Celery workers on ``tests.reliability.chaos_app``
+and, in this process, a ``Saga`` on the same Redis that plays the agent: each run is 4-6 steps
+chosen under the pivot rules, with a fault plan drawn from ``random.Random(seed)`` (the same
+seed gives the same plans; their digest is printed). A supervisor restarts a worker that was
+killed whole and runs the reaper; once every run has ended, the invariants are checked against
+the tools' own side-effect ledger (``chaos_app``), not the saga's records:
+
+- every run ends completed, compensated or escalated, none stuck running or unwinding;
+- each write's effect is kept (completed run, or escalated with the step listed as live) or
+  undone exactly once; undos run in reverse order, and never undo what never happened;
+- an irreversible effect never sits in a compensated run;
+- every failed compensation is in an escalation record; nothing fails silently.
+
+It prints its figures; the last line is ``chaos: N runs, K kills, V violations`` and the exit
+status is 1 when V > 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.reliability.chaos_app"
+#: Above every time limit and retry delay of the chaos tools (the start-up guard checks it),
+#: short enough that a message stranded by a whole-worker kill comes back within seconds
+#: (chaos_app makes the workers sweep for such messages every second).
+VISIBILITY_TIMEOUT = 10
+TIME_LIMIT = 5
+#: Run deadlines: most runs outlast a stranded message (it comes back, the run goes on); some
+#: are shorter, so the reaper resolves the run first and the stranded message comes back to a
+#: run already resolved, as in production (deadline 900 s, visibility timeout 1200 s).
+LONG_DEADLINE = 20
+SHORT_DEADLINE = 5
+
+# -- plans ------------------------------------------------------------------------------------
+
+#: What a run's fault plan does, and how often (weights add up to 100).
+KINDS: list[tuple[str, int]] = [
+    ("clean", 17),
+    ("transient_fail", 10),  # a step fails 1-2 times (before or after its effect), then works
+    ("fail", 16),  # a step fails for good: unwind (sometimes with a broken compensation)
+    ("kill_before", 9),  # the pool process dies before a step's effect, once
+    ("kill_after", 11),  # ... after the effect, before the push, once
+    ("kill_unwind", 8),  # a step fails for good, then a compensation's process dies, once
+    ("crash_loop", 4),  # the pool process dies every time: the step ends in doubt
+    ("worker_kill", 5),  # the whole worker dies (forward or mid-unwind); it is restarted
+    ("abort", 7),  # the agent aborts after a few steps
+    ("abandon", 3),  # the agent walks away; the reaper resolves the run
+    ("pivot_fail", 7),  # something fails after the irreversible step: escalate
+    # The whole worker dies in a compensation; the reaper resumes the unwind, where that
+    # compensation fails for good; then the stranded message comes back.
+    ("undo_stranded", 3),
+]
+#: Kinds whose faults are all recoverable: the run should complete.
+RECOVERABLE = {"clean", "transient_fail", "kill_before", "kill_after"}
+PRE_PIVOT = (["peek", "tag", "put", "charge"], [2, 1, 3, 3])
+COMPENSATABLE = {"put", "charge"}
+WRITES = {"tag", "put", "charge", "notify"}
+
+
+def _args(rng: random.Random, index: int, step: int, tool: str) -> dict[str, Any]:
+    base = index * 10
+    if tool == "peek":
+        return {"slot": base + rng.randint(0, 1)}
+    if tool == "tag":
+        return {"slot": base + 5 + rng.randint(0, 1), "value": f"t{index}.{step}"}
+    if tool == "put":  # two slots per run, so undo order shows in the slot's final value
+        return {"slot": base + rng.randint(0, 1), "value": f"v{index}.{step}"}
+    if tool == "charge":
+        return {"account": f"acct-{index}-{rng.randint(0, 1)}", "cents": rng.randint(1, 9999)}
+    return {"to": f"user-{index}@example.com"}
+
+
+def _fault(point: str, times: int = 1, **extra: Any) -> dict[str, Any]:
+    """Act at ``point`` ("before"/"after" the effect) on ``times`` calls (from the ``nth``)."""
+    return {"point": point, "times": times, **extra}
+
+
+def _undo_fault(rng: random.Random, steps: list[int]) -> dict[str, dict[str, Any]]:
+    """A fault in the compensation of one of ``steps`` (compensatable steps that will unwind)."""
+    if not steps:
+        return {}
+    k = rng.choice(steps)
+    which = rng.choice(
+        ["transient", "transient", "broken", "broken", "kill_before", "kill_after", "loop"]
+    )
+    if which == "transient":
+        return {f"cfail:{k}": _fault("before", rng.randint(1, 2))}
+    if which == "broken":
+        if rng.random() < 0.3:
+            return {f"cfail:{k}": _fault("before", 1, final=True)}
+        return {f"cfail:{k}": _fault("before", 3)}
+    if which == "loop":
+        return {f"ckill:{k}": _fault(rng.choice(["before", "after"]), 99)}
+    return {f"ckill:{k}": _fault(which.removeprefix("kill_"))}
+
+
+def make_plan(rng: random.Random, index: int) -> dict[str, Any]:
+    """One run: its steps (obeying the pivot rules), its faults, what the agent does."""
+    names, weights = zip(*KINDS, strict=True)
+    kind = rng.choices(names, weights)[0]
+    n = rng.randint(4, 6)
+    shape = rng.random()
+    if kind == "pivot_fail" or shape < 0.15:
+        tail = ["notify", rng.choice(["peek", "tag"])]
+    elif shape < 0.5:
+        tail = ["notify"]
+    else:
+        tail = []
+    pre = rng.choices(*PRE_PIVOT, k=n - len(tail))
+    # At least two compensatable writes, so every unwind has an order to get wrong.
+    while sum(t in COMPENSATABLE for t in pre) < 2:
+        pre[rng.randrange(len(pre))] = rng.choice(sorted(COMPENSATABLE))
+    if kind == "pivot_fail":
+        tail[1] = "tag"
+    tools = pre + tail
+    steps = [{"tool": t, "args": _args(rng, index, s, t)} for s, t in enumerate(tools, 1)]
+    pivot = tools.index("notify") + 1 if "notify" in tools else None
+    last_unwindable = pivot or n  # a failure past the pivot escalates instead of unwinding
+    comp = [s for s, t in enumerate(tools, 1) if t in COMPENSATABLE]
+    faults: dict[str, dict[str, Any]] = {}
+    agent: dict[str, int] = {}
+    deadline = "long"
+    any_step = rng.randint(1, n)
+    point = rng.choice(["before", "after"])
+    if kind == "transient_fail":
+        faults[f"fail:{any_step}"] = _fault(point, rng.randint(1, 2))
+    elif kind in ("fail", "kill_unwind"):
+        low = comp[0] + 1 if kind == "kill_unwind" else 2
+        j = rng.randint(low, last_unwindable if kind == "kill_unwind" else n)
+        final = rng.random() < 0.3
+        faults[f"fail:{j}"] = _fault("before", 1 if final else 3, final=final)
+        unwound = [s for s in comp if s < j] if j <= last_unwindable else []
+        if kind == "kill_unwind":
+            k = rng.choice(unwound)
+            faults[f"ckill:{k}"] = _fault(rng.choice(["before", "after"]))
+        elif rng.random() < 0.5:
+            faults.update(_undo_fault(rng, unwound))
+    elif kind == "kill_before":
+        faults[f"kill:{any_step}"] = _fault("before")
+    elif kind == "kill_after":
+        faults[f"kill:{any_step}"] = _fault("after")
+    elif kind == "crash_loop":
+        if rng.random() < 0.25:
+            j = rng.randint(comp[0] + 1, last_unwindable)
+            faults[f"fail:{j}"] = _fault("before", 3)
+            k = rng.choice([s for s in comp if s < j])
+            faults[f"ckill:{k}"] = _fault(point, 99)
+        else:
+            faults[f"kill:{any_step}"] = _fault(point, 99)
+    elif kind == "worker_kill":
+        deadline = rng.choice(["long", "short"])
+        if rng.random() < 0.4:
+            j = rng.randint(comp[0] + 1, last_unwindable)
+            faults[f"fail:{j}"] = _fault("before", 3)
+            k = rng.choice([s for s in comp if s < j])
+            faults[f"ckill:{k}"] = _fault(point, whole_worker=True)
+        else:
+            faults[f"kill:{any_step}"] = _fault(point, whole_worker=True)
+    elif kind == "abort":
+        after = rng.randint(2, n - 1)
+        agent["abort_after"] = after
+        if rng.random() < 0.4 and (pivot is None or pivot > after):
+            faults.update(_undo_fault(rng, [s for s in comp if s <= after]))
+    elif kind == "undo_stranded":
+        deadline = "short"
+        k = rng.choice(comp[1:])  # an older compensation runs after it in the unwind
+        if k < last_unwindable:
+            faults[f"fail:{rng.randint(k + 1, last_unwindable)}"] = _fault("before", 3)
+        else:
+            agent["abort_after"] = n
+        faults[f"ckill:{k}"] = _fault("before", whole_worker=True)
+        faults[f"cfail:{k}"] = _fault("before", 2, nth=2)  # the resumed unwind's attempts
+    elif kind == "abandon":
+        agent["abandon_after"] = rng.randint(1, n - 1)
+    elif kind == "pivot_fail":
+        assert pivot is not None
+        if rng.random() < 0.7:
+            faults[f"fail:{pivot + 1}"] = _fault("before", 3)
+        else:
+            faults[f"kill:{pivot}"] = _fault("after", 99)
+    # A redelivered or retried step must leave exactly one undo behind, which only an unwind
+    # shows: often, a later step then fails for good.
+    then = ""
+    redelivered = kind in ("transient_fail", "kill_before", "kill_after") or (
+        kind == "worker_kill" and f"kill:{any_step}" in faults
+    )
+    if redelivered and any_step < n and rng.random() < 0.4:
+        j = rng.randint(any_step + 1, n)
+        if f"fail:{j}" not in faults:
+            faults[f"fail:{j}"] = _fault("before", 3)
+            then = "fail"
+    return {
+        "kind": kind,
+        "then": then,
+        "deadline": deadline,
+        "steps": steps,
+        "faults": faults,
+        "agent": agent,
+    }
+
+
+def make_plans(runs: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [make_plan(rng, index) for index in range(runs)]
+
+
+def digest(plans: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(plans, sort_keys=True).encode()).hexdigest()
+
+
+# -- the agent --------------------------------------------------------------------------------
+
+
+@dataclass
+class Drive:
+    """What the agent did and saw in one run."""
+
+    index: int
+    run_id: str
+    plan: dict[str, Any]
+    #: step -> ("ok", result) | ("failed", message) | ("in_doubt", message) | ("unsettled", why)
+    seen: dict[int, tuple[str, Any]] = field(default_factory=dict)
+    action: str = ""  # finished / aborted / abandoned / failed / ended
+    errors: list[str] = field(default_factory=list)
+    elapsed: float = 0.0
+
+
+class Chaos:
+    """One chaos run's processes, the agent threads and the checks."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.stop = threading.Event()
+        self.tmp = Path(tempfile.mkdtemp(prefix="saga-chaos-"))
+        self.redis: Any = None
+        self.workers: list[Any] = []
+        self.worker_logs: list[Path] = []
+        self.restarts = 0
+        self.restart_failures: list[str] = []
+        self.longest_down = 0.0  # seconds a killed worker took to be back
+        self.env: dict[str, str] = {}
+        self.log_handler: logging.Handler | None = None
+        self.reaped: Counter[str] = Counter()
+        #: Runs the reaper had to resolve other than abandoned ones (what it did to each).
+        self.reaped_runs: dict[str, list[str]] = {}
+        self.lock = threading.Lock()
+        self.saga: Any = None
+        self.ledger: Any = None
+        self.threads: list[threading.Thread] = []
+
+    # -- processes ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        from celery import Celery
+
+        from saga import Saga, Settings
+        from saga.testing import RedisServer
+
+        handler = logging.FileHandler(self.tmp / "agent.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(message)s"))
+        logging.getLogger().addHandler(handler)
+        self.log_handler = handler
+        logging.getLogger().setLevel(logging.INFO)
+        if self.args.verbose:  # otherwise the saga's warnings go to the log only
+            console = logging.StreamHandler()
+            console.setLevel(logging.WARNING)
+            logging.getLogger().addHandler(console)
+        self.redis = RedisServer("--appendonly", "no", directory=self.tmp / "redis").start()
+        url = self.redis.url + "/0"
+        database = f"sqlite:///{self.tmp / 'saga.db'}"
+        self.env = {
+            "SAGA_REDIS_URL": url,
+            "SAGA_BROKER_URL": url,
+            "SAGA_RESULT_BACKEND": url,
+            "SAGA_DATABASE_URL": database,
+            "SAGA_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT),
+            "SAGA_TASK_TIME_LIMIT": str(TIME_LIMIT),
+            "SAGA_RUN_DEADLINE": str(self.args.deadline),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+            ),
+            "SAGA_CHAOS_WORKER": "1",
+        }
+        from tests.reliability import chaos_app
+
+        self.ledger = chaos_app.configure(url)
+        app = Celery("saga-chaos-agent")
+        app.config_from_object("celeryconfig")
+        app.conf.update(
+            broker_url=url,
+            result_backend=url,
+            broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
+            task_time_limit=TIME_LIMIT,
+            task_soft_time_limit=TIME_LIMIT - 1,
+            broker_connection_retry_on_startup=True,
+        )
+        settings = Settings(
+            redis_url=url, database_url=database, run_deadline_seconds=self.args.deadline
+        )
+        self.saga = Saga(app, chaos_app.tools, settings)
+        self.saga.records  # noqa: B018 - create the tables once, before the threads race to
+        self.workers = [None] * self.args.workers
+        with ThreadPoolExecutor(self.args.workers) as pool:
+            list(pool.map(self._start_worker, range(self.args.workers)))
+
+    def _start_worker(self, slot: int) -> None:
+        from saga.testing import WorkerProcess
+
+        log = self.tmp / f"worker-{slot}-{len(self.worker_logs)}.log"
+        self.worker_logs.append(log)
+        process = WorkerProcess(
+            APP, env=self.env, concurrency=self.args.concurrency, cwd=ROOT, logfile=log
+        )
+        self.workers[slot] = process  # before it starts, so a shutdown meanwhile stops it
+        process.start(timeout=60)
+
+    def supervise(self) -> None:
+        """Restart a worker that died (whole-worker kills)."""
+        down: dict[int, float] = {}
+        while not self.stop.wait(0.1):
+            for slot, worker in enumerate(self.workers):
+                if worker is not None and worker.process is not None:
+                    if worker.process.poll() is None:
+                        continue
+                    worker.process = None
+                down.setdefault(slot, time.monotonic())
+                try:
+                    self._start_worker(slot)
+                except Exception as exc:  # try again on the next pass
+                    self.restart_failures.append(f"worker {slot}: {exc}"[:300])
+                    continue
+                with self.lock:
+                    self.restarts += 1
+                    self.longest_down = max(self.longest_down, time.monotonic() - down[slot])
+                del down[slot]
+
+    def reap(self) -> None:
+        """The reaper, as beat would run it (often, since the deadlines are short)."""
+        while not self.stop.wait(self.args.reap_interval):
+            try:
+                report = self.saga.reap()
+            except Exception as exc:
+                print(f"chaos: reap failed: {exc!r}", file=sys.stderr)
+                continue
+            with self.lock:
+                self.reaped["abandoned"] += len(report.abandoned)
+                self.reaped["in_doubt"] += len(report.in_doubt)
+                self.reaped["never_started"] += len(report.never_started)
+                self.reaped["resumed"] += len(report.resumed)
+                for run_id in report.resumed:
+                    self.reaped_runs.setdefault(run_id, []).append("resumed")
+                for run_id, step, verdict in report.in_doubt:
+                    self.reaped_runs.setdefault(run_id, []).append(f"step {step} {verdict}")
+                for run_id, step in report.never_started:
+                    self.reaped_runs.setdefault(run_id, []).append(f"step {step} never started")
+
+    def start_threads(self) -> None:
+        self.threads = [
+            threading.Thread(target=self.supervise, daemon=True, name="supervisor"),
+            threading.Thread(target=self.reap, daemon=True, name="reaper"),
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def stop_threads(self) -> None:
+        """Stop the supervisor and the reaper; no worker is (re)started after this."""
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=90)
+
+    def shutdown(self) -> None:
+        self.stop_threads()
+        for worker in self.workers:
+            if worker is not None:
+                worker.stop(timeout=15)
+        if self.saga is not None:
+            self.saga.store.client.close()
+            if self.saga._records is not None:
+                self.saga.records.dispose()
+        if self.ledger is not None:
+            self.ledger.client.close()
+        if self.redis is not None:
+            self.redis.stop()
+        if self.log_handler is not None:
+            logging.getLogger().removeHandler(self.log_handler)
+            self.log_handler.close()
+        if self.args.keep:
+            print(f"chaos: kept {self.tmp}")
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- the agent ----------------------------------------------------------------------------
+
+    def drive(self, index: int, plan: dict[str, Any]) -> Drive:
+        from saga.errors import RunEndedError, StepsInFlightError
+
+        run_id = f"s{self.args.seed}r{index:04d}"
+        drive = Drive(index, run_id, plan)
+        started = time.monotonic()
+        try:
+            if plan["faults"]:
+                from tests.reliability.chaos_app import plan_key
+
+                faults = {k: json.dumps(v) for k, v in plan["faults"].items()}
+                self.ledger.client.hset(plan_key(run_id), mapping=faults)
+            deadline = self.args.deadline if plan["deadline"] == "long" else SHORT_DEADLINE
+            run = self.saga.start_run(run_id, deadline=deadline)
+            agent = plan["agent"]
+            for number, step in enumerate(plan["steps"], 1):
+                if agent.get("abandon_after") == number - 1:
+                    drive.action = "abandoned"
+                    return drive
+                if agent.get("abort_after") == number - 1:
+                    drive.action = "aborted"
+                    with contextlib.suppress(RunEndedError):
+                        run.abort("the agent changed its mind")
+                    break
+                try:
+                    handle = run.call(step["tool"], **step["args"])
+                except RunEndedError:
+                    drive.action = "ended"
+                    break
+                if handle.step != number:
+                    drive.errors.append(
+                        f"step {step['tool']} got number {handle.step}, not {number}"
+                    )
+                outcome = self._settle(handle, run)
+                drive.seen[number] = outcome
+                if outcome[0] != "ok":
+                    drive.action = "failed"
+                    break
+            else:
+                if agent.get("abort_after") == len(plan["steps"]):
+                    drive.action = "aborted"
+                    with contextlib.suppress(RunEndedError):
+                        run.abort("the agent changed its mind")
+                else:
+                    try:
+                        run.finish(timeout=self.args.step_timeout)
+                        drive.action = "finished"
+                        return drive
+                    except (RunEndedError, StepsInFlightError) as exc:
+                        drive.action = f"finish refused: {type(exc).__name__}"
+            self._wait_end(run)
+        except Exception as exc:
+            drive.errors.append(f"agent: {type(exc).__name__}: {exc}")
+            if self.args.verbose:
+                traceback.print_exc()
+        finally:
+            drive.elapsed = time.monotonic() - started
+        return drive
+
+    def _settle(self, handle: Any, run: Any) -> tuple[str, Any]:
+        """Wait for a step's outcome; give up if its run ended without one (or time runs out)."""
+        from saga.errors import (
+            StepFailedError,
+            StepInDoubtError,
+            StepSkippedError,
+            WaitTimeoutError,
+        )
+
+        deadline = time.monotonic() + self.args.step_timeout
+        while not self.stop.is_set():
+            try:
+                return ("ok", handle.result(timeout=1.0))
+            except (StepFailedError, StepSkippedError) as exc:
+                return ("failed", str(exc))
+            except StepInDoubtError as exc:  # the run is failing; it reconciles the step
+                return ("in_doubt", str(exc))
+            except WaitTimeoutError:
+                state = run.state()
+                if state.ended:
+                    return ("unsettled", f"run {state.value}, step {handle.state().value}")
+                if time.monotonic() > deadline:
+                    return ("unsettled", f"no outcome in {self.args.step_timeout}s")
+        return ("unsettled", "stopped")
+
+    def _wait_end(self, run: Any) -> None:
+        deadline = time.monotonic() + self.args.step_timeout
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            if run.state().ended:
+                return
+            time.sleep(0.05)
+
+    def wait_all_ended(self, run_ids: list[str], timeout: float) -> list[str]:
+        """Wait (bounded) until no run is running or unwinding and the broker has delivered
+        every message, stranded ones included (they may still act on a run that ended)."""
+        deadline = time.monotonic() + timeout
+        quiet_since = None
+        while True:
+            open_runs = [r for r in run_ids if not self.saga.picture(r).state.ended]
+            if open_runs or self._broker_busy():
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            if quiet_since is not None and time.monotonic() - quiet_since > 1.0:
+                return []
+            if time.monotonic() > deadline or self.stop.is_set():
+                return open_runs
+            time.sleep(0.25)
+
+    def _broker_busy(self) -> bool:
+        """Messages queued, or delivered and not yet acknowledged (kombu's Redis keys)."""
+        client = self.saga.store.client
+        return bool(client.llen("celery") or client.hlen("unacked"))
+
+
+# -- checks -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Findings:
+    violations: list[str] = field(default_factory=list)
+    notes: Counter[str] = field(default_factory=Counter)
+    note_examples: dict[str, str] = field(default_factory=dict)
+    states: Counter[str] = field(default_factory=Counter)
+
+    def violation(self, drive: Drive, message: str) -> None:
+        self.violations.append(f"{drive.run_id} [{drive.plan['kind']}]: {message}")
+
+    def note(self, drive: Drive, what: str, detail: str) -> None:
+        self.notes[what] += 1
+        self.note_examples.setdefault(what, f"{drive.run_id} [{drive.plan['kind']}]: {detail}")
+
+
+def check(saga: Any, ledger: Any, drives: list[Drive]) -> tuple[Findings, dict[str, Any]]:
+    """Every invariant, from the ledger; the saga's records are only read to see what a person
+    would be told (escalations) and how each run ended."""
+    from saga.model import CompensationState
+    from tests.reliability import chaos_app
+
+    client = ledger.client
+    applied = {k: json.loads(v) for k, v in client.hgetall(chaos_app.APPLIED).items()}
+    executions = {k: int(v) for k, v in client.hgetall(chaos_app.EXECUTIONS).items()}
+    anomalies = client.lrange(chaos_app.ANOMALIES, 0, -1)
+    escalations: dict[str, list[Any]] = {}
+    for record in saga.records.escalations():
+        escalations.setdefault(record.run_id, []).append(record)
+    findings = Findings()
+    for anomaly in anomalies:
+        findings.violations.append(f"ledger anomaly: {anomaly}")
+    by_run: dict[str, dict[str, dict[str, Any]]] = {}
+    for key, record in applied.items():
+        by_run.setdefault(record["run"], {})[key] = record
+    for drive in drives:
+        _check_run(saga, drive, by_run.get(drive.run_id, {}), escalations, findings)
+        for error in drive.errors:
+            findings.violation(drive, error)
+    comps: Counter[str] = Counter()
+    reconciled: Counter[str] = Counter()
+    for drive in drives:
+        picture = saga.picture(drive.run_id)
+        comps.update(c.state.value for c in picture.compensations)
+        reconciled.update(s.reconciled for s in picture.steps if s.reconciled)
+    figures: dict[str, Any] = {
+        "applications": len(applied),
+        "undo_applications": sum(1 for r in applied.values() if r["undo"]),
+        "redelivered": sum(n - 1 for n in executions.values() if n > 1),
+        "escalation_records": sum(len(v) for v in escalations.values()),
+        "compensations_done": comps[CompensationState.DONE.value],
+        "compensations_failed": comps[CompensationState.FAILED.value],
+        "reconciled": reconciled,
+    }
+    return findings, figures
+
+
+def _check_run(
+    saga: Any,
+    drive: Drive,
+    effects: dict[str, dict[str, Any]],
+    escalations: dict[str, list[Any]],
+    findings: Findings,
+) -> None:
+    from saga.model import CompensationState, RunState
+
+    plan, run_id = drive.plan, drive.run_id
+    picture = saga.picture(run_id)
+    state = picture.state
+    findings.states[state.value] += 1
+    # 1. Exactly one end, recorded for people, none stuck.
+    if not state.ended:
+        findings.violation(drive, f"stuck {state.value} ({picture.reason})")
+        return
+    record = saga.records.run(run_id)
+    if record is None:
+        findings.violation(drive, f"ended {state.value} but no run record")
+    elif record.state != state.value:
+        findings.violation(drive, f"run record says {record.state}, the run is {state.value}")
+    records = [e for e in escalations.get(run_id, []) if not e.resolved]
+    if state is RunState.ESCALATED and not records:
+        findings.violation(drive, f"escalated ({picture.reason}) without an escalation record")
+    if state is not RunState.ESCALATED and records:
+        findings.violation(drive, f"{state.value} but has an open escalation record")
+    listed_live = {int(item["step"]) for e in records for item in e.not_undone}
+    listed_failed = {int(item["step"]) for e in records for item in e.failed_compensations}
+
+    forward: dict[int, dict[str, Any]] = {r["step"]: r for r in effects.values() if not r["undo"]}
+    undone: dict[int, dict[str, Any]] = {r["step"]: r for r in effects.values() if r["undo"]}
+    # 2. Once each: an effect applied under two keys is an effect applied twice.
+    counts = Counter((r["step"], r["undo"]) for r in effects.values())
+    for (step, undo), count in sorted(counts.items()):
+        if count > 1:
+            what = "undone" if undo else "applied"
+            findings.violation(drive, f"step {step} {what} {count} times (under distinct keys)")
+    tools = {n: s["tool"] for n, s in enumerate(plan["steps"], 1)}
+    # 3. Undos: only of what happened, after it happened, most recent first.
+    for step, undo in undone.items():
+        if step not in forward:
+            findings.violation(drive, f"undo of step {step} applied, its effect never was")
+        elif undo["seq"] < forward[step]["seq"]:
+            findings.violation(drive, f"undo of step {step} applied before the step itself")
+        elif tools.get(step) not in COMPENSATABLE:
+            findings.violation(drive, f"step {step} ({tools.get(step)}) has no undo, one ran")
+    order = [r["step"] for r in sorted(undone.values(), key=lambda r: r["seq"])]
+    if order != sorted(order, reverse=True):
+        findings.violation(drive, f"undos out of reverse order: steps {order}")
+    # 4. Each effect: kept or undone exactly once, as the run's end says.
+    for step, effect in sorted(forward.items()):
+        tool = effect["tool"]
+        if tool in COMPENSATABLE:
+            if state is RunState.COMPLETED and step in undone:
+                findings.violation(drive, f"step {step} ({tool}) undone in a completed run")
+            elif state is RunState.COMPENSATED and step not in undone:
+                findings.violation(drive, f"step {step} ({tool}) live in a compensated run")
+            elif state is RunState.ESCALATED and step not in undone:
+                if step not in listed_live:
+                    findings.violation(
+                        drive, f"step {step} ({tool}) live, escalated without listing it"
+                    )
+            elif state is RunState.ESCALATED and step in listed_live:
+                findings.note(drive, "undone, but listed live", f"step {step} ({tool})")
+        elif tool == "notify":
+            if state is RunState.COMPENSATED:
+                findings.violation(drive, f"step {step} (notify) sent in a compensated run")
+            elif state is RunState.ESCALATED and step not in listed_live:
+                findings.violation(drive, f"step {step} (notify) sent, escalation omits it")
+        elif tool == "tag" and state is RunState.ESCALATED and step not in listed_live:
+            findings.note(drive, "convergent write kept, not listed", f"step {step}")
+    # 5. What the agent was told matches the world.
+    for step, (status, value) in drive.seen.items():
+        tool = tools[step]
+        if status != "ok" or tool not in WRITES:
+            continue
+        found = forward.get(step)
+        if found is None:
+            findings.violation(drive, f"step {step} ({tool}) reported success, no effect exists")
+        elif found["result"] != value:
+            findings.violation(
+                drive, f"step {step} ({tool}) reported {value}, the effect is {found['result']}"
+            )
+    # 6. Failed compensations are in front of a person; failures are never completions.
+    for comp in picture.compensations:
+        if comp.state is CompensationState.FAILED and comp.step not in listed_failed:
+            findings.violation(drive, f"compensation of step {comp.step} failed, not escalated")
+        if comp.state is not CompensationState.DONE and state is RunState.COMPENSATED:
+            findings.violation(drive, f"compensated with step {comp.step}'s undo {comp.state}")
+    failed_for_good = [
+        name
+        for name, spec in plan["faults"].items()
+        if name.startswith("fail:") and (spec.get("final") or spec["times"] >= 3)
+    ]
+    reached = {int(name.split(":")[1]) for name in failed_for_good} & set(drive.seen)
+    if reached and state is RunState.COMPLETED:
+        findings.violation(drive, f"step(s) {sorted(reached)} failed for good, run completed")
+    for step in reached:
+        if drive.seen[step][0] == "ok":
+            findings.violation(drive, f"step {step} was made to fail, the agent saw success")
+        if plan["faults"][f"fail:{step}"]["point"] == "before" and step in forward:
+            findings.violation(drive, f"step {step} failed before its effect, yet it exists")
+    # 7. The world itself: a compensated run leaves its slots and accounts as they were.
+    _check_world(saga, drive, forward, undone, state, findings)
+    if plan["kind"] in RECOVERABLE and not plan["then"] and state is not RunState.COMPLETED:
+        findings.note(drive, "recoverable faults, run not completed", picture.reason)
+    if any(s.state.value == "in_doubt" for s in picture.steps):
+        findings.note(drive, "step left in doubt", picture.doubt or picture.reason)
+
+
+def _check_world(
+    saga: Any,
+    drive: Drive,
+    forward: dict[int, dict[str, Any]],
+    undone: dict[int, dict[str, Any]],
+    state: Any,
+    findings: Findings,
+) -> None:
+    from saga.model import RunState
+    from tests.reliability import chaos_app
+
+    client = chaos_app.ledger().client
+    puts = [(n, r) for n, r in sorted(forward.items()) if r["tool"] == "put"]
+    charges = [(n, r) for n, r in sorted(forward.items()) if r["tool"] == "charge"]
+    slots = sorted({int(r["args"]["slot"]) for _, r in puts})
+    accounts = sorted({r["args"]["account"] for _, r in charges})
+    for account in accounts:
+        balance = int(client.get(chaos_app.balance_key(account)) or 0)
+        kept = sum(int(r["args"]["cents"]) for n, r in charges if r["args"]["account"] == account)
+        refunded = sum(
+            int(r["args"]["cents"])
+            for n, r in charges
+            if r["args"]["account"] == account and n in undone
+        )
+        if balance != kept - refunded:
+            findings.violation(
+                drive,
+                f"account {account} holds {balance}, charges minus refunds: {kept - refunded}",
+            )
+    if state is not RunState.COMPLETED:
+        for slot in slots:
+            value = client.get(chaos_app.slot_key(slot)) or ""
+            on_slot = [n for n, r in puts if int(r["args"]["slot"]) == slot]
+            if value != "" and all(n in undone for n in on_slot):
+                findings.violation(
+                    drive, f"slot {slot} is {value!r} after every put on it was undone, not ''"
+                )
+            elif value != "" and state is RunState.COMPENSATED:
+                findings.violation(drive, f"slot {slot} is {value!r} after compensation, not ''")
+    else:
+        for slot in slots:
+            value = client.get(chaos_app.slot_key(slot)) or ""
+            last = [r["args"]["value"] for _, r in puts if int(r["args"]["slot"]) == slot][-1]
+            if value != last:
+                findings.violation(drive, f"slot {slot} is {value!r}, last put was {last!r}")
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.reliability.chaos", description=__doc__)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=2, help="pool processes per worker")
+    parser.add_argument("--parallel", type=int, default=8, help="runs driven at a time")
+    parser.add_argument(
+        "--deadline", type=int, default=LONG_DEADLINE, help="most runs' deadline (s), for reaping"
+    )
+    parser.add_argument("--reap-interval", type=float, default=1.0)
+    parser.add_argument("--step-timeout", type=float, default=60.0)
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--keep", action="store_true", help="keep the worker logs and database")
+    parser.add_argument(
+        "--plans-only", action="store_true", help="print the plans' digest (-v: the plans), stop"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    plans = make_plans(args.runs, args.seed)
+    kinds = Counter(p["kind"] for p in plans)
+    print(f"chaos: seed {args.seed}, {args.runs} runs, plans sha256 {digest(plans)[:16]}")
+    thens = Counter(p["kind"] for p in plans if p["then"])
+    print(
+        "plans: "
+        + ", ".join(
+            f"{k} {kinds[k]}" + (f" ({thens[k]} then fail)" if thens[k] else "")
+            for k, _ in KINDS
+            if kinds[k]
+        )
+    )
+    if args.plans_only:
+        if args.verbose:
+            for index, plan in enumerate(plans):
+                print(f"s{args.seed}r{index:04d} {json.dumps(plan)}")
+        return 0
+    chaos = Chaos(args)
+    started = time.monotonic()
+    drives: list[Drive] = []
+    try:
+        chaos.start()
+        print(
+            f"started: redis {chaos.redis.port}, {args.workers} workers x {args.concurrency}, "
+            f"{time.monotonic() - started:.1f}s"
+        )
+        chaos.start_threads()
+        pool = ThreadPoolExecutor(args.parallel, thread_name_prefix="agent")
+        try:
+            drives = list(pool.map(chaos.drive, range(args.runs), plans))
+        except BaseException:
+            chaos.stop.set()  # the agents give up at once, so the pool can shut down
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        driven = time.monotonic() - started
+        run_ids = [d.run_id for d in drives]
+        stuck = chaos.wait_all_ended(run_ids, timeout=60 + VISIBILITY_TIMEOUT + 2 * args.deadline)
+        settled = time.monotonic() - started
+        chaos.stop_threads()
+        for worker in chaos.workers:  # nothing may move while the ledger is read
+            if worker is not None:
+                worker.stop(timeout=15)
+        findings, figures = check(chaos.saga, chaos.ledger, drives)
+        stats = {k: int(v) for k, v in chaos.ledger.client.hgetall("chaos:stats").items()}
+        restarts = chaos.restarts
+        restart_failures = list(chaos.restart_failures)
+        longest_down = chaos.longest_down
+        reaped = dict(chaos.reaped)
+        reaped_runs = dict(chaos.reaped_runs)
+    finally:
+        chaos.shutdown()
+    elapsed = time.monotonic() - started
+    kills = stats.get("kills_child", 0) + stats.get("kills_worker", 0)
+    escalated = findings.states.get("escalated", 0)
+    print(
+        "runs: "
+        + ", ".join(f"{s} {findings.states.get(s, 0)}" for s in ("completed", "compensated"))
+        + f", escalated {escalated}"
+        + "".join(f", {s} {n}" for s, n in findings.states.items() if s not in _ENDS)
+    )
+    print(
+        f"kills: {kills} (pool process {stats.get('kills_child', 0)}, whole worker "
+        f"{stats.get('kills_worker', 0)}; {restarts} worker restarts, each back within "
+        f"{longest_down:.1f}s)"
+    )
+    for failure in restart_failures:
+        print(f"worker restart failed: {failure}")
+    print(
+        f"injected failures: {stats.get('failures', 0)} in steps, "
+        f"{stats.get('undo_failures', 0)} in compensations"
+    )
+    print(
+        f"compensations run: {figures['undo_applications']} applied in the ledger "
+        f"({figures['compensations_done']} confirmed done, {figures['compensations_failed']} "
+        "failed for good)"
+    )
+    print(f"escalations: {figures['escalation_records']} records for {escalated} escalated runs")
+    reconciled = ", ".join(f"{k} {v}" for k, v in sorted(figures["reconciled"].items()))
+    print(
+        f"redelivered executions: {figures['redelivered']}; in-doubt steps reconciled: "
+        f"{reconciled or 'none'}; reaper: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(reaped.items()) if v)
+    )
+    slowest = max(drives, key=lambda d: d.elapsed) if drives else None
+    print(
+        f"elapsed: {elapsed:.1f}s (runs driven by {driven:.1f}s, all ended by {settled:.1f}s"
+        + (f"; slowest run {slowest.run_id} {slowest.elapsed:.1f}s" if slowest else "")
+        + ")"
+    )
+    for run_id, actions in sorted(reaped_runs.items()):
+        kind = plans[int(run_id.rsplit("r", 1)[1])]["kind"]
+        print(f"reaper resolved {run_id} [{kind}]: {', '.join(actions)}")
+    for what, count in sorted(findings.notes.items()):
+        print(f"note: {what}: {count} (e.g. {findings.note_examples[what]})")
+    for open_run in stuck:
+        print(f"still open after the wait: {open_run}")
+    for violation in findings.violations[:50]:
+        print(f"VIOLATION {violation}")
+    if len(findings.violations) > 50:
+        print(f"... and {len(findings.violations) - 50} more")
+    if args.json is not None:
+        report = {
+            "runs": args.runs,
+            "seed": args.seed,
+            "plans_sha256": digest(plans),
+            "states": dict(findings.states),
+            "kills": kills,
+            "stats": stats,
+            "restarts": restarts,
+            "figures": {k: v for k, v in figures.items() if k != "reconciled"},
+            "reconciled": dict(figures["reconciled"]),
+            "violations": findings.violations,
+            "notes": dict(findings.notes),
+            "elapsed": round(elapsed, 1),
+        }
+        args.json.write_text(json.dumps(report, indent=2))
+    print(f"chaos: {args.runs} runs, {kills} kills, {len(findings.violations)} violations")
+    return 1 if findings.violations else 0
+
+
+_ENDS = ("completed", "compensated", "escalated")
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as stopped:  # its workers and Redis are stopped by now
+        print(f"chaos: stopped ({stopped or 'interrupted'})", file=sys.stderr)
+        sys.exit(130)
