@@ -56,20 +56,16 @@ task_track_started = True
 
 # TLS (rediss:// URLs): certificates are always checked. SAGA_REDIS_SSL_CA names the CA file;
 # SAGA_REDIS_SSL_CERT and SAGA_REDIS_SSL_KEY a client certificate, where the server wants one.
+_tls = {
+    "ssl_cert_reqs": ssl.CERT_REQUIRED,
+    "ssl_ca_certs": os.environ.get("SAGA_REDIS_SSL_CA"),
+    "ssl_certfile": os.environ.get("SAGA_REDIS_SSL_CERT"),
+    "ssl_keyfile": os.environ.get("SAGA_REDIS_SSL_KEY"),
+}
 if broker_url.startswith("rediss://"):
-    broker_use_ssl = {
-        "ssl_cert_reqs": ssl.CERT_REQUIRED,
-        "ssl_ca_certs": os.environ.get("SAGA_REDIS_SSL_CA"),
-        "ssl_certfile": os.environ.get("SAGA_REDIS_SSL_CERT"),
-        "ssl_keyfile": os.environ.get("SAGA_REDIS_SSL_KEY"),
-    }
+    broker_use_ssl = _tls
 if result_backend.startswith("rediss://"):
-    redis_backend_use_ssl = {
-        "ssl_cert_reqs": ssl.CERT_REQUIRED,
-        "ssl_ca_certs": os.environ.get("SAGA_REDIS_SSL_CA"),
-        "ssl_certfile": os.environ.get("SAGA_REDIS_SSL_CERT"),
-        "ssl_keyfile": os.environ.get("SAGA_REDIS_SSL_KEY"),
-    }
+    redis_backend_use_ssl = _tls
 
 broker_connection_retry_on_startup = True
 worker_hijack_root_logger = False

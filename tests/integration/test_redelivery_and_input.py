@@ -4,7 +4,6 @@ runs are isolated from each other. Real Redis, real worker."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,13 +21,6 @@ from tasks import systems
 from tests.integration.helpers import CREDIT, ORDER, TICKET, demo_steps, wait_until
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def saga(worker: Any, demo_app: Any) -> Iterator[Any]:
-    systems.reset()
-    yield demo_app.saga
-    systems.clear_switches()
 
 
 def redeliver(saga: Any, worker: Any, run_id: str, step: int) -> None:

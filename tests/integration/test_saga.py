@@ -7,7 +7,6 @@ own records.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,14 +29,6 @@ from tests.integration.helpers import (
 )
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def saga(worker: Any, demo_app: Any) -> Iterator[Any]:
-    """A fresh world (one order, one open ticket, no faults) for each test."""
-    systems.reset()
-    yield demo_app.saga
-    systems.clear_switches()
 
 
 def credits_and_reversals() -> tuple[list[int], list[int]]:

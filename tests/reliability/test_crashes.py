@@ -665,11 +665,8 @@ def test_the_reaper_does_not_lose_the_effect_of_a_step_still_running(
     assert reversals == 1 or escalated
 
 
-def test_a_revoked_running_compensation_still_lets_the_unwind_finish(
-    private: Callable[..., Private],
-) -> None:
-    # Given a ticket change then a credit, the mail down, and a slow reversal (2 s)
-    env = private()
+def revoke_the_running_reversal(env: Private) -> Run:
+    """Ticket change, credit, the mail down: revoke (SIGKILL) the slow reversal mid-unwind."""
     env.worker(concurrency=2)
     systems.set_down("mail")
     systems.set_delay("reversal", 2)
@@ -678,8 +675,6 @@ def test_a_revoked_running_compensation_still_lets_the_unwind_finish(
         call(run, spec).result(timeout=10)
     with pytest.raises(StepFailedError):
         call(run, REPLY_CALL).result(timeout=20)
-
-    # When the running reversal (the first compensation of the unwind) is revoked with SIGKILL
     reversal = wait_until(
         lambda: next(
             (c for c in run.picture().compensations if c.step == 3 and c.state.value == "running"),
@@ -689,6 +684,15 @@ def test_a_revoked_running_compensation_still_lets_the_unwind_finish(
         "the reversal to start",
     )
     env.saga.app.control.revoke(reversal.task_id, terminate=True, signal="SIGKILL")
+    return run
+
+
+def test_a_revoked_running_compensation_still_lets_the_unwind_finish(
+    private: Callable[..., Private],
+) -> None:
+    # Given an unwind whose running reversal (its first compensation) is revoked with SIGKILL
+    env = private()
+    run = revoke_the_running_reversal(env)
 
     # Then the older compensation still runs and the run ends escalated, listing the reversal
     picture = settle(run, 5)
@@ -705,23 +709,7 @@ def test_a_revoked_compensation_can_be_run_again_by_the_reaper_or_a_requeue(
 ) -> None:
     # Given an unwinding run whose running reversal was revoked with SIGKILL (deadline 1 s)
     env = private(run_deadline=1)
-    env.worker(concurrency=2)
-    systems.set_down("mail")
-    systems.set_delay("reversal", 2)
-    run = env.saga.start_run()
-    for spec in (GET_ORDER, TICKET_CALL, CREDIT_CALL):
-        call(run, spec).result(timeout=10)
-    with pytest.raises(StepFailedError):
-        call(run, REPLY_CALL).result(timeout=20)
-    reversal = wait_until(
-        lambda: next(
-            (c for c in run.picture().compensations if c.step == 3 and c.state.value == "running"),
-            None,
-        ),
-        10,
-        "the reversal to start",
-    )
-    env.saga.app.control.revoke(reversal.task_id, terminate=True, signal="SIGKILL")
+    run = revoke_the_running_reversal(env)
     systems.set_delay("reversal", 0)
 
     # When the reaper passes, and an operator requeues the failed compensations if it escalated
