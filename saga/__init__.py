@@ -30,12 +30,12 @@ from saga.errors import (
 )
 from saga.hooks import SagaHooks
 from saga.model import CompensationState, RunState, StepContext, StepState, ToolClass, Undo
+from saga.picture import RunPicture
 from saga.reaper import ReapReport
 from saga.records import EscalationRecord, RecordStore, RunRecord
 from saga.retry import RetryPolicy
 from saga.runs import Run, StepHandle
 from saga.settings import Settings
-from saga.stack import RunPicture
 from saga.tools import Tool, ToolRegistry
 
 __all__ = [

@@ -2,8 +2,9 @@
 the worker that executes them.
 
 It owns the dispatcher (agent call → Celery task, under the pivot rules), the start of an
-unwind (the reverse-order chain of compensation tasks) and a run's conclusion (records first,
-then the fenced state change, so a crash in between only repeats an upsert).
+unwind (the reverse-order chain of compensation tasks) and a run's conclusion: the fenced state
+change, then its SQL records, retried (by the reaper if need be) until they are written; the
+run's keys expire only after that.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, chain
+from sqlalchemy.exc import SQLAlchemyError
 
 from saga import payload, rules
 from saga.constants import (
@@ -22,18 +24,19 @@ from saga.constants import (
     tool_task_name,
 )
 from saga.errors import (
-    CompensationBuildError,
     DispatchError,
-    PayloadError,
     RunEndedError,
     SagaError,
+    StepsInFlightError,
     UnknownRunError,
+    UnknownToolError,
 )
 from saga.hooks import SagaHooks
-from saga.model import RunState, ToolClass
+from saga.model import CompensationState, RunState, ToolClass
+from saga.picture import RunPicture
 from saga.records import RecordStore
 from saga.settings import Settings
-from saga.stack import RunPicture, RunStore
+from saga.stack import RunStore
 from saga.testing import Faults, faults_enabled
 
 if TYPE_CHECKING:
@@ -45,6 +48,12 @@ logger = logging.getLogger("saga")
 
 #: How often the dispatcher re-reads a run that changed under it before giving up.
 _RESERVE_ATTEMPTS = 100
+#: Seconds a delivery's lease outlasts its hard time limit: time to record its outcome.
+LEASE_MARGIN_SECONDS = 2.0
+#: The lease when the app sets no time limit (the start-up guard refuses that on Redis).
+_DEFAULT_TIME_LIMIT = 300.0
+#: Seconds past a run's retention before the reaper checks its keys are gone.
+_EXPIRY_MARGIN = 60.0
 
 
 class Saga:
@@ -135,7 +144,21 @@ class Saga:
             )
         except Exception as exc:
             error = {"type": type(exc).__name__, "message": str(exc)}
-            if self.store.release(run_id, step, error).owns_unwind:
+            released = self.store.release(run_id, step, error)
+            if released.status == "started":
+                # The publish raised, yet the message got through and a worker began the step:
+                # the truth is "it is running", and calling again would make a second step.
+                logger.warning(
+                    "run %s step %d (%s): the broker raised %r but the step is %s; "
+                    "returning its handle",
+                    run_id,
+                    step,
+                    tool_name,
+                    exc,
+                    released.values[0],
+                )
+                return StepHandle(self, run_id, step, tool_name)
+            if released.owns_unwind:
                 self.start_unwind(run_id, f"step:{step}")
             raise DispatchError(f"the broker did not take {tool_name}: {exc}") from exc
         return StepHandle(self, run_id, step, tool_name)
@@ -155,6 +178,13 @@ class Saga:
             rules.check_call(view, tool_name, tool_class)
         raise SagaError(f"run {run_id} kept changing; call {tool_name} again")
 
+    @property
+    def lease_seconds(self) -> float:
+        """How long one delivery of a task may still be running: its hard time limit (the
+        start-up guard insists on one), plus a margin for the worker to record the outcome."""
+        limit = float(self.app.conf.get("task_time_limit") or _DEFAULT_TIME_LIMIT)
+        return limit + LEASE_MARGIN_SECONDS
+
     # -- ending ---------------------------------------------------------------------------
 
     def complete(self, run_id: str) -> RunPicture:
@@ -162,16 +192,12 @@ class Saga:
         if outcome.status == "unknown":
             raise UnknownRunError(f"no run {run_id}")
         if outcome.status == "ended":
+            self._record_if_pending(run_id)
             raise RunEndedError(run_id, str(outcome.values[0]))
         if outcome.status == "inflight":
-            from saga.errors import StepsInFlightError
-
             raise StepsInFlightError(run_id, sorted(int(s) for s in outcome.values))
-        # (The reaper drops ended runs from its index on its next pass.)
-        picture = self.picture(run_id)
-        self.records.record_run(picture, RunState.COMPLETED.value, "")
-        self._call_hook(self.hooks.on_run_ended, picture, RunState.COMPLETED.value, "")
-        return picture
+        self._record_or_leave_to_reaper(run_id)
+        return self.picture(run_id)
 
     def abort(self, run_id: str, reason: str) -> None:
         outcome = self.store.abort(run_id, f"aborted: {reason}")
@@ -183,31 +209,40 @@ class Saga:
             self.start_unwind(run_id, "abort")
 
     def start_unwind(self, run_id: str, owner: str) -> None:
-        """Queue the compensations, most recent first, as one Celery chain ending in
-        ``saga.conclude_unwind``; past the pivot, conclude at once (escalate, no unwinding).
+        """Queue the compensations still to run, most recent first, as one Celery chain ending
+        in ``saga.conclude_unwind``; past the pivot, conclude at once (escalate, no unwinding).
 
         Only the owner of the unwind calls this. It sends first and marks sent after, so a
         crash in between makes the redelivered owner send again (the compensations check
-        their recorded state before running), never zero times.
+        their recorded state and lease before running), never zero times.
         """
         picture = self.picture(run_id)
         if picture.pivot_step is not None:
             self.conclude(run_id, owner)
             return
+        to_run = {
+            c.step
+            for c in picture.compensations
+            if c.state in (CompensationState.PENDING, CompensationState.RUNNING)
+        }
         signatures = []
         unwind = uuid.uuid4().hex[:8]
         for entry in rules.unwind_order(picture.stack):
-            if entry.get("broken"):
-                error = {"type": "CompensationBuildError", "message": entry["description"]}
-                self.store.record_compensation(run_id, int(entry["step"]), "failed", error)
+            step = int(entry["step"])
+            if step not in to_run:
+                continue
+            problem = self._unrunnable(entry)
+            if problem:
+                error = {"type": "CompensationBuildError", "message": problem}
+                self.store.record_compensation(run_id, step, "fail", error)
                 continue
             signatures.append(
                 self.app.signature(
                     tool_task_name(entry["tool"]),
-                    kwargs={"run_id": run_id, "compensates": entry["step"], "unwind": owner},
+                    kwargs={"run_id": run_id, "compensates": step, "unwind": owner},
                     immutable=True,
                     # Unique per unwind: a revoked id would be discarded forever on requeue.
-                    task_id=f"{run_id}:{entry['step']}:undo:{unwind}",
+                    task_id=f"{run_id}:{step}:undo:{unwind}",
                 )
             )
         signatures.append(
@@ -219,45 +254,92 @@ class Saga:
         self.store.mark_sent(run_id, owner)
         logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
 
+    def _unrunnable(self, entry: dict[str, Any]) -> str:
+        """Why an undo on the stack cannot be sent (broken when pushed, or its tool is gone
+        from this deploy); '' when it can."""
+        if entry.get("broken"):
+            return str(entry["description"])
+        try:
+            self.registry.get(entry["tool"])
+        except UnknownToolError:
+            return f"compensation tool {entry['tool']!r} is not registered in this deploy"
+        return ""
+
     def conclude(self, run_id: str, owner: str = "") -> RunState:
         """End an unwinding run: compensated, or escalated with the whole picture.
 
         ``owner`` is the unwind whose chain concludes: a chain the reaper has since replaced
-        (its owner died, then its messages came back late) must not end the run early."""
+        (its owner died, then its messages came back late) must not end the run early. An
+        undo pushed after the chain was sent (an effect that landed late) is sent first."""
         picture = self.picture(run_id)
+        if picture.state.ended:
+            self._record_if_pending(run_id)
+            return picture.state
         if picture.state is not RunState.UNWINDING:
             return picture.state
-        if owner and picture.extra.get("owner") != owner:
-            logger.info("run %s: a stale unwind (%s) does not conclude", run_id, owner)
-            return picture.state
         state, reason = rules.conclusion(picture)
-        reason = reason or picture.reason
-        self.records.record_run(picture, state.value, reason)
-        escalation = None
-        if state is RunState.ESCALATED:
-            escalation = self.records.record_escalation(picture, reason)
-        elif picture.extra.get("generation", "0") != "0":
-            self.records.resolve_escalations(run_id)
-        if self.store.conclude(run_id, state, reason, owner).status != "ok":
+        outcome = self.store.conclude(run_id, state, reason or picture.reason, owner)
+        if outcome.status == "pending":
+            logger.warning("run %s: undo(s) %s still to run; sending them", run_id, outcome.values)
+            self.start_unwind(run_id, owner)
+            return RunState.UNWINDING
+        if outcome.status == "stale":
+            logger.info("run %s: a stale unwind (%s) does not conclude", run_id, owner)
+        if outcome.status != "ok":
             return self.picture(run_id).state
-        self.store.forget(run_id)
-        if escalation is not None:
-            logger.error("run %s escalated: %s", run_id, reason)
-            self._call_hook(self.hooks.on_escalation, escalation)
-        self._call_hook(self.hooks.on_run_ended, self.picture(run_id), state.value, reason)
+        self._record_or_leave_to_reaper(run_id)
         return state
 
-    def escalate_late_effect(self, run_id: str, step: int) -> None:
-        """A step reconciled as "never happened" landed after the run ended: record it loudly,
-        with its undo on the stack, for a person (and ``requeue_failed_compensations``)."""
+    def record_end(self, run_id: str) -> None:
+        """Write an ended run's SQL records (and an escalation's row), call the hooks, then let
+        its Redis keys expire. Until this succeeds the run stays unrecorded and the reaper
+        tries again: Redis and SQL never end up telling different stories."""
         picture = self.picture(run_id)
-        logger.error("run %s: step %d landed after the run ended; escalating", run_id, step)
-        self.records.record_run(picture, picture.state.value, picture.reason)
-        escalation = self.records.record_escalation(picture, picture.reason)
-        self._call_hook(self.hooks.on_escalation, escalation)
+        if not picture.state.ended:
+            return
+        escalation = self.records.record_outcome(picture)
+        if escalation is not None:
+            logger.error("run %s escalated: %s", run_id, picture.reason)
+            self._call_hook(self.hooks.on_escalation, escalation)
+        self._call_hook(self.hooks.on_run_ended, picture, picture.state.value, picture.reason)
+        if self.store.mark_recorded(run_id, picture.version):
+            # Look again when the keys have expired, to drop the run from the index.
+            expiry = self.store.now() + self.store.retention_seconds + _EXPIRY_MARGIN
+            self.store.schedule(run_id, expiry)
+
+    def _record_if_pending(self, run_id: str) -> None:
+        picture = self.store.picture(run_id)
+        if picture is not None and picture.state.ended and not picture.recorded:
+            self._record_or_leave_to_reaper(run_id)
+
+    def _record_or_leave_to_reaper(self, run_id: str) -> None:
+        try:
+            self.record_end(run_id)
+        except SQLAlchemyError as exc:
+            # The run has ended in Redis; its keys stay until the record is written, and the
+            # reaper's next pass tries again.
+            logger.error("run %s: record not written yet (%s); the reaper retries", run_id, exc)
+            self.store.schedule(run_id, self.store.now())
+
+    def landed_late(self, run_id: str) -> None:
+        """An effect landed after its step was judged and its run ended: the run is reopened
+        (unwinding, or escalated with the undo on its stack). Put it back under the reaper's
+        eye and record the new picture."""
+        logger.error("run %s: an effect landed after the run ended", run_id)
+        view = self.store.head(run_id)
+        if view is not None:
+            self.store.schedule(run_id, self.store.now() + view.deadline)
+        if view is not None and view.state.ended:
+            self.record_end(run_id)
 
     def requeue_failed_compensations(self, run_id: str) -> int:
-        """Run an escalated run's failed compensations again (after someone fixed the cause)."""
+        """Run an escalated run's failed compensations again (after someone fixed the cause),
+        each with a fresh retry budget. Returns how many are sent."""
+        head = self.store.head(run_id)
+        if head is None:
+            raise UnknownRunError(f"no run {run_id} (it may have expired after its retention)")
+        # Under the reaper's eye first: a chain that is never sent is resumed, not forgotten.
+        self.store.schedule(run_id, self.store.now() + head.deadline)
         outcome = self.store.requeue(run_id)
         if outcome.status == "unknown":
             raise UnknownRunError(f"no run {run_id} (it may have expired after its retention)")
@@ -265,8 +347,7 @@ class Saga:
             raise SagaError(
                 f"run {run_id} is {outcome.values[0]} and has no failed compensation to requeue"
             )
-        owner = str(outcome.values[0])
-        count = len(self.picture(run_id).stack)
+        owner, count = str(outcome.values[0]), int(outcome.values[1])
         self.start_unwind(run_id, owner)
         return count
 
@@ -276,15 +357,16 @@ class Saga:
         """The result and the undo entry as stored, and what went wrong recording them.
 
         The effect already happened, so a result or undo that cannot be recorded must not
-        make the step look failed: it becomes an undo that cannot run (``broken``), which
-        the unwind records as a failed compensation, so the run escalates.
+        make the step look failed, whatever the reason (not JSON, too large, a lone surrogate,
+        a compensation function that raises): it becomes an undo that cannot run
+        (``broken``), which the unwind records as a failed compensation, so the run escalates.
         """
         limit = self.settings.max_payload_bytes
         problem = ""
         try:
             result_json = payload.dumps(result, what=f"result of {tool.name}", limit=limit)
-        except PayloadError as exc:
-            problem = str(exc)
+        except Exception as exc:
+            problem = f"result of {tool.name} cannot be recorded: {exc}"
             result_json = payload.dumps({"unrecorded": problem}, what="result", limit=limit)
         if tool.compensation is None:
             return result_json, "", problem
@@ -297,7 +379,7 @@ class Saga:
             entry.update(tool=undo.tool, args=self.registry.check_undo(undo))
             entry["description"] = undo.description or f"{undo.tool} for step {step}"
             return result_json, payload.dumps(entry, what="undo", limit=limit), problem
-        except (CompensationBuildError, PayloadError) as exc:
+        except Exception as exc:
             entry.update(tool="", args={}, broken=True)
             entry["description"] = f"cannot undo step {step} ({tool.name}): {exc}"
             return result_json, payload.dumps(entry, what="undo", limit=limit), problem or str(exc)

@@ -7,8 +7,8 @@ and does not undo the recording: the record in the database is the source of tru
 
 from __future__ import annotations
 
+from saga.picture import RunPicture
 from saga.records import EscalationRecord
-from saga.stack import RunPicture
 
 
 class SagaHooks:

@@ -1,32 +1,43 @@
 """Runs whose outcome nobody is going to report: steps in doubt, and the periodic reaper.
 
-A step is *in doubt* when its worker died, it timed out or it was revoked: its effect may or
-may not have happened. It is reconciled before any unwind, by asking the tool's ``lookup``
-(by idempotency key) whether the effect exists. The reaper (Celery beat, ``saga.reap``) finds
-runs with no progress past their deadline (a lost errback, a worker that died between effect
-and push, a run the agent abandoned) and resolves them with the same moves the worker makes.
+A step is *in doubt* when a delivery began it and nobody will report its outcome: its worker
+died over and over, it was revoked while running, or its lease ran out with no outcome. Its
+effect may or may not have happened. It is reconciled before any unwind, by asking the tool's
+``lookup`` (by idempotency key) whether the effect exists, and only once no delivery may still
+be running it (its lease, on the Redis clock, has run out).
+
+The reaper (Celery beat, ``saga.reap``) looks only at runs that are due: the index holds, per
+run, when to look next (its deadline past its last change; for an ended run, when its keys
+expire). Each due run is handled on its own: one it cannot read is logged, escalated and looked
+at again later, and the others are still reaped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from saga.constants import step_idempotency_key
-from saga.errors import RunEndedError
+from saga.errors import RunEndedError, StoreUnavailableError, UnknownToolError
 from saga.model import RunState, StepState, ToolClass
-from saga.stack import RunPicture
+from saga.picture import RunPicture
 
 if TYPE_CHECKING:
     from saga.engine import Saga
+    from saga.tools import Tool
 
 logger = logging.getLogger("saga.reaper")
 
-#: Seconds past the task time limit before a started step is taken for lost.
-_TIME_LIMIT_MARGIN = 5.0
+#: An index entry with no keys is dropped once it is this long overdue: the run's keys are
+#: created right after it is indexed, so by then they never will be.
+_KEYLESS_GRACE = 60.0
+#: A run the reaper could not handle is looked at again after this long (never every pass).
+_RETRY_BROKEN = 300.0
 
 
 @dataclass
@@ -39,92 +50,122 @@ class ReapReport:
     never_started: list[tuple[str, int]] = field(default_factory=list)
     in_doubt: list[tuple[str, int, str]] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
+    recorded: list[str] = field(default_factory=list)
+    #: Runs it could not handle: (run id, what went wrong). Each is escalated.
+    broken: list[tuple[str, str]] = field(default_factory=list)
 
 
 def mark_in_doubt(saga: Saga, run_id: str, step: int, error: dict[str, Any]) -> str:
-    """Mark a step in doubt and reconcile it at once; returns the lookup's verdict."""
+    """Mark a step in doubt and reconcile it at once; returns the lookup's verdict. Only for
+    a caller that knows no delivery is running the step (the crash-looping delivery itself)."""
     saga.store.mark_in_doubt(run_id, step, error)
     return reconcile(saga, run_id, step)
 
 
 def reconcile(saga: Saga, run_id: str, step: int) -> str:
     """Settle an in-doubt step by what its lookup finds: ``happened`` (its undo is pushed),
-    ``not_happened`` (nothing to undo) or ``unknown`` (no lookup: a person must look)."""
+    ``not_happened`` (nothing to undo) or ``unknown`` (no lookup, or it failed: a person must
+    look). Never raises for the tool's sake: a lookup that fails, a result that cannot be
+    recorded or a tool gone from this deploy all end in a recorded, escalated verdict."""
     record = saga.picture(run_id).step(step)
     if record.state is not StepState.IN_DOUBT:
         return "settled"
-    tool = saga.registry.get(record.tool)
-    verdict, result = "unknown", None
-    if tool.tool_class is ToolClass.READ:
+    verdict, result, why = "unknown", None, "nothing could tell whether it happened"
+    tool: Tool | None = None
+    try:
+        tool = saga.registry.get(record.tool)
+    except UnknownToolError:
+        why = f"tool {record.tool!r} is not registered in this deploy, so nothing can look"
+    if tool is not None and tool.tool_class is ToolClass.READ:
         verdict = "not_happened"  # a read has no effect to find, nor to undo
-    elif tool.lookup is not None:
+    elif tool is not None and tool.lookup is not None:
         try:
             result = tool.lookup(step_idempotency_key(run_id, step), record.args)
             verdict = "not_happened" if result is None else "happened"
-        except Exception:
-            logger.exception("run %s: lookup of step %d (%s) failed", run_id, step, tool.name)
+        except Exception as exc:
+            logger.exception("run %s: lookup of step %d (%s) failed", run_id, step, record.tool)
+            why = f"its lookup failed: {type(exc).__name__}: {exc}"
     result_json = entry_json = ""
-    if verdict == "happened":
+    if verdict == "happened" and tool is not None:
         result_json, entry_json, _ = saga.encode_effect(tool, run_id, step, record.args, result)
-    irreversible = tool.tool_class is ToolClass.IRREVERSIBLE_WRITE
+    irreversible = record.tool_class is ToolClass.IRREVERSIBLE_WRITE
     doubt = ""
     if irreversible:
-        doubt = f"irreversible step {step} ({tool.name}) in doubt (lookup: {verdict})"
+        doubt = f"irreversible step {step} ({record.tool}) in doubt (lookup: {verdict})"
     elif verdict == "unknown":
-        doubt = f"step {step} ({tool.name}) in doubt: nothing could tell whether it happened"
+        doubt = f"step {step} ({record.tool}) in doubt: {why}"
+    word = {"happened": "found", "not_happened": "not_found", "unknown": "unknown"}[verdict]
     outcome = saga.store.resolve_in_doubt(
-        run_id, step, verdict, result_json, entry_json, irreversible, doubt
+        run_id, step, word, result_json, entry_json, irreversible, doubt
     )
-    logger.warning("run %s: step %d (%s) was in doubt: %s", run_id, step, tool.name, verdict)
+    logger.warning("run %s: step %d (%s) was in doubt: %s", run_id, step, record.tool, verdict)
     if outcome.owns_unwind:
         saga.start_unwind(run_id, f"step:{step}")
     return verdict
 
 
 def reap(saga: Saga, now: float | None = None) -> ReapReport:
-    """One pass over the runs not yet ended; resolves those idle past their deadline."""
+    """One pass over the runs that are due; ``now`` (Redis clock) lets a test look ahead."""
     report = ReapReport()
-    now = now or time.time()
-    for run_id in saga.store.active_runs():
+    now = saga.store.now() if now is None else now
+    for run_id, due in saga.store.due_runs(now):
         report.examined += 1
-        picture = saga.store.picture(run_id)
-        if picture is None or picture.state.ended:
-            saga.store.forget(run_id)
-            report.forgotten += 1
-            continue
-        if now - picture.updated < picture.deadline:
-            continue
         try:
-            _resolve(saga, picture, now, report)
-        except Exception:
-            logger.exception("reaper could not resolve run %s; next pass tries again", run_id)
+            _reap_one(saga, run_id, due, now, report)
+        except Exception as exc:
+            _broken(saga, run_id, exc, now, report)
     return report
 
 
-def _may_still_run(saga: Saga, picture: RunPicture, step: int, now: float) -> bool:
-    """A step whose delivery started within the task time limit may still be running: calling
-    it lost now would reconcile it before its effect lands."""
-    started = picture.step(step).started
-    limit = float(saga.app.conf.get("task_time_limit") or 0)
-    return started is not None and now - started < limit + _TIME_LIMIT_MARGIN
+def _reap_one(saga: Saga, run_id: str, due: float, now: float, report: ReapReport) -> None:
+    head = saga.store.head(run_id)
+    if head is None:
+        if now - due >= _KEYLESS_GRACE:
+            saga.store.forget(run_id)  # expired (or never created): nothing left to watch
+            report.forgotten += 1
+        else:
+            saga.store.schedule(run_id, due + _KEYLESS_GRACE)
+        return
+    if head.state.ended:
+        if not head.recorded:
+            saga.record_end(run_id)  # raises while the database is away: tried again later
+            report.recorded.append(run_id)
+        else:
+            saga.store.schedule(run_id, (head.ended or now) + saga.store.retention_seconds + 60)
+        return
+    if now - head.updated < head.deadline:
+        saga.store.schedule(run_id, head.updated + head.deadline)
+        return
+    picture = saga.picture(run_id)
+    _resolve(saga, picture, now, report)
+    # Look again a deadline from now, unless progress moves it on (it is re-read then).
+    saga.store.schedule(run_id, now + max(picture.deadline, 1.0))
+
+
+def _broken(saga: Saga, run_id: str, exc: Exception, now: float, report: ReapReport) -> None:
+    """A run the reaper cannot handle must not stop it for the others, nor be retried every
+    pass, nor stay silent: log it, escalate it to a person, look again later."""
+    message = f"{type(exc).__name__}: {exc}"
+    report.broken.append((run_id, message))
+    if isinstance(exc, SQLAlchemyError | StoreUnavailableError):
+        # The database or Redis is away: nothing is wrong with the run; try it again later.
+        logger.error("reaper: run %s waits for %s", run_id, message)
+        with contextlib.suppress(StoreUnavailableError):
+            saga.store.schedule(run_id, now + _RETRY_BROKEN)
+        return
+    logger.exception("reaper could not handle run %s; escalating it", run_id)
+    try:
+        saga.store.schedule(run_id, now + _RETRY_BROKEN)
+        saga.records.record_unreadable(run_id, message)
+    except Exception:
+        logger.exception("run %s: could not escalate the reaper's failure either", run_id)
 
 
 def _resolve(saga: Saga, picture: RunPicture, now: float, report: ReapReport) -> None:
     run_id, idle = picture.run_id, int(now - picture.updated)
     if picture.in_flight:
         for step in picture.in_flight:
-            state = picture.step(step).state
-            if state is StepState.DISPATCHED:
-                # Never started: no effect can exist, so it simply failed.
-                error = {"type": "NeverStarted", "message": f"not picked up in {idle}s"}
-                if saga.store.record_failure(run_id, step, error).owns_unwind:
-                    saga.start_unwind(run_id, f"step:{step}")
-                report.never_started.append((run_id, step))
-            elif state is StepState.RUNNING and _may_still_run(saga, picture, step, now):
-                continue
-            elif state in (StepState.RUNNING, StepState.IN_DOUBT):
-                error = {"type": "NoOutcome", "message": f"no outcome after {idle}s"}
-                report.in_doubt.append((run_id, step, mark_in_doubt(saga, run_id, step, error)))
+            _resolve_step(saga, picture, step, idle, report)
         return
     if picture.state is RunState.RUNNING:
         try:
@@ -133,8 +174,30 @@ def _resolve(saga: Saga, picture: RunPicture, now: float, report: ReapReport) ->
         except RunEndedError:
             pass
     elif picture.state is RunState.UNWINDING:
-        # The owner died before sending the chain, or the chain was lost: send it again.
+        # The owner died before sending the chain, or the chain was lost: send it again. A
+        # compensation still running under its lease is progress: the script refuses then.
         owner = f"reaper:{uuid.uuid4().hex[:8]}"
         if saga.store.take_over(run_id, picture.version, owner):
             saga.start_unwind(run_id, owner)
             report.resumed.append(run_id)
+
+
+def _resolve_step(
+    saga: Saga, picture: RunPicture, step: int, idle: int, report: ReapReport
+) -> None:
+    run_id, state = picture.run_id, picture.step(step).state
+    if state is StepState.DISPATCHED:
+        # Never started, by this picture. The script refuses the verdict if a delivery has
+        # begun it since (the picture is a moment old): then it is running, not lost.
+        error = {"type": "NeverStarted", "message": f"not picked up in {idle}s"}
+        outcome = saga.store.record_failure(run_id, step, error, event="never_started")
+        if outcome.status == "ok":
+            report.never_started.append((run_id, step))
+        if outcome.owns_unwind:
+            saga.start_unwind(run_id, f"step:{step}")
+        return
+    if state in (StepState.RUNNING, StepState.IN_DOUBT):
+        error = {"type": "NoOutcome", "message": f"no outcome after {idle}s"}
+        marked = saga.store.mark_in_doubt(run_id, step, error, respect_lease=True)
+        if marked.status == "in_doubt" and str(marked.values[0]) == "0":
+            report.in_doubt.append((run_id, step, reconcile(saga, run_id, step)))

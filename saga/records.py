@@ -10,18 +10,29 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import JSON, Boolean, DateTime, String, Text, create_engine, event, select
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from saga.model import CompensationState
+from saga.picture import RunPicture
 from saga.rules import not_undone
-from saga.stack import RunPicture
 
 
 class _Base(DeclarativeBase):
@@ -56,6 +67,9 @@ class EscalationRecord(_Base):
     failed_compensations: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     not_undone: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     resolved: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Why it was closed: superseded by a later escalation of the same run, compensated after
+    #: a requeue, ... ('' while open).
+    resolution: Mapped[str] = mapped_column(Text, default="")
 
 
 def _when(timestamp: float | None) -> datetime | None:
@@ -84,56 +98,72 @@ class RecordStore:
         self.engine: Engine = create_engine(url, pool_pre_ping=True)
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        _Base.metadata.create_all(self.engine)
+        _create_tables(self.engine)
 
     def dispose(self) -> None:
         self.engine.dispose()
 
     def record_run(self, picture: RunPicture, state: str, reason: str) -> None:
-        record = RunRecord(
-            run_id=picture.run_id,
-            state=state,
-            reason=reason,
-            created_at=_when(picture.created),
-            ended_at=_when(picture.ended or time.time()),
-            steps=_steps_json(picture),
-        )
-        self._upsert(record)
+        with self.engine.begin() as connection:
+            self._upsert(connection, _run(picture, state, reason))
 
     def record_escalation(self, picture: RunPicture, reason: str) -> EscalationRecord:
-        generation = picture.extra.get("generation", "0")
-        failed = [
-            {
-                "step": c.step,
-                "undo": c.entry,
-                "attempts": c.attempts,
-                "error": c.error,
-                "state": c.state.value,
-            }
-            for c in picture.compensations
-            if c.state is CompensationState.FAILED
-        ]
-        record = EscalationRecord(
-            escalation_id=f"{picture.run_id}:{generation}",
-            run_id=picture.run_id,
-            reason=reason,
-            cause=picture.cause or (picture.reason if picture.reason != reason else ""),
-            created_at=datetime.now(UTC),
-            steps_done=[s for s in _steps_json(picture) if s["state"] == "succeeded"],
-            stack=picture.stack,
-            failed_compensations=failed,
-            not_undone=not_undone(picture),
-            resolved=False,
-        )
-        self._upsert(record)
+        record = _escalation(picture, reason)
+        with self.engine.begin() as connection:
+            self._upsert(connection, record)
         return record
 
-    def resolve_escalations(self, run_id: str) -> None:
-        with Session(self.engine) as session, session.begin():
-            for record in session.scalars(
-                select(EscalationRecord).where(EscalationRecord.run_id == run_id)
-            ):
-                record.resolved = True
+    def record_outcome(self, picture: RunPicture) -> EscalationRecord | None:
+        """Record an ended run as it stands, in one transaction: its run row and, escalated,
+        its escalation row (which closes any earlier one of the run as superseded: one open
+        row at a time); compensated or completed, it closes the run's open escalations."""
+        reason = picture.reason
+        run = _run(picture, picture.state.value, reason)
+        escalation = _escalation(picture, reason) if picture.state.value == "escalated" else None
+        with self.engine.begin() as connection:
+            self._upsert(connection, run)
+            if escalation is not None:
+                self._upsert(connection, escalation)
+                resolution = f"superseded by {escalation.escalation_id}"
+            else:
+                resolution = f"{picture.state.value} after requeue"
+            open_rows = update(EscalationRecord).where(
+                EscalationRecord.run_id == picture.run_id,
+                EscalationRecord.resolved.is_(False),
+            )
+            if escalation is not None:
+                open_rows = open_rows.where(
+                    EscalationRecord.escalation_id != escalation.escalation_id
+                )
+            connection.execute(open_rows.values(resolved=True, resolution=resolution))
+        return escalation
+
+    def record_unreadable(self, run_id: str, problem: str) -> None:
+        """Escalate a run the reaper could not read or resolve (bad data in its keys, a bug):
+        a person must look, and the other runs go on being reaped."""
+        record = EscalationRecord(
+            escalation_id=f"{run_id}:reaper",
+            run_id=run_id,
+            reason="the reaper could not handle this run",
+            cause=problem,
+            created_at=datetime.now(UTC),
+            steps_done=[],
+            stack=[],
+            failed_compensations=[],
+            not_undone=[],
+            resolved=False,
+            resolution="",
+        )
+        with self.engine.begin() as connection:
+            self._upsert(connection, record)
+
+    def resolve_escalations(self, run_id: str, resolution: str = "resolved") -> None:
+        with self.engine.begin() as connection:
+            connection.execute(
+                update(EscalationRecord)
+                .where(EscalationRecord.run_id == run_id, EscalationRecord.resolved.is_(False))
+                .values(resolved=True, resolution=resolution)
+            )
 
     def run(self, run_id: str) -> RunRecord | None:
         with Session(self.engine, expire_on_commit=False) as session:
@@ -150,35 +180,78 @@ class RecordStore:
         with Session(self.engine, expire_on_commit=False) as session:
             return list(session.scalars(query))
 
-    def _upsert(self, record: _Base) -> None:
+    def _upsert(self, connection: Connection, record: _Base) -> None:
         """Insert or replace by primary key, in one statement where the database has one
         (a redelivered conclusion writes the same row again, never a second one)."""
-        table = record.__table__
+        table = cast(Table, record.__table__)
         values = {column.name: getattr(record, column.name) for column in table.columns}
+        keys = [column.name for column in table.primary_key]
         dialect = self.engine.dialect.name
         if dialect not in _UPSERTS:
-            self._merge(record)
+            # Elsewhere: update, and insert if nothing was there (inside the caller's
+            # transaction; a racing insert fails the transaction, and its caller retries).
+            where = [table.c[k] == values[k] for k in keys]
+            changed = connection.execute(table.update().where(*where).values(**values))
+            if changed.rowcount == 0:
+                connection.execute(table.insert().values(**values))
             return
         statement = _UPSERTS[dialect](table).values(**values)
-        keys = [column.name for column in table.primary_key]
         statement = statement.on_conflict_do_update(
             index_elements=keys,
             set_={name: statement.excluded[name] for name in values if name not in keys},
         )
-        with self.engine.begin() as connection:
-            connection.execute(statement)
+        connection.execute(statement)
 
-    def _merge(self, record: _Base) -> None:
-        # merge() is read-then-write; two concluders racing can both insert, so the loser
-        # retries once and then finds the row the winner wrote.
-        for attempt in (1, 2):
-            try:
-                with Session(self.engine) as session, session.begin():
-                    session.merge(record)
-                return
-            except IntegrityError:
-                if attempt == 2:
-                    raise
+
+def _create_tables(engine: Engine) -> None:
+    """Create the tables if missing. Several worker processes start at once and each checks
+    first: the losers of that race see "already exists", and a second look finds them."""
+    for attempt in (1, 2, 3):
+        try:
+            _Base.metadata.create_all(engine)
+            return
+        except DBAPIError:
+            if attempt == 3:
+                raise
+
+
+def _run(picture: RunPicture, state: str, reason: str) -> RunRecord:
+    return RunRecord(
+        run_id=picture.run_id,
+        state=state,
+        reason=reason,
+        created_at=_when(picture.created),
+        ended_at=_when(picture.ended or time.time()),
+        steps=_steps_json(picture),
+    )
+
+
+def _escalation(picture: RunPicture, reason: str) -> EscalationRecord:
+    failed = [
+        {
+            "step": c.step,
+            "undo": c.entry,
+            "attempts": c.attempts,
+            "error": c.error,
+            "state": c.state.value,
+            "history": c.history,
+        }
+        for c in picture.compensations
+        if c.state is CompensationState.FAILED
+    ]
+    return EscalationRecord(
+        escalation_id=f"{picture.run_id}:{picture.generation}",
+        run_id=picture.run_id,
+        reason=reason,
+        cause=picture.cause or (picture.reason if picture.reason != reason else ""),
+        created_at=datetime.now(UTC),
+        steps_done=[s for s in _steps_json(picture) if s["state"] == "succeeded"],
+        stack=picture.stack,
+        failed_compensations=failed,
+        not_undone=not_undone(picture),
+        resolved=False,
+        resolution="",
+    )
 
 
 _UPSERTS: dict[str, Any] = {"sqlite": sqlite_insert, "postgresql": postgresql_insert}

@@ -11,7 +11,7 @@ from typing import Any
 
 from saga.errors import CallRefusedError, RunEndedError
 from saga.model import CompensationState, RunState, StepState, ToolClass
-from saga.stack import RunPicture, RunView
+from saga.picture import RunPicture, RunView
 
 REASON_AFTER_PIVOT = "failed after an irreversible step"
 REASON_COMPENSATION_FAILED = "compensation failed"

@@ -18,7 +18,7 @@ from saga.errors import (
     WaitTimeoutError,
 )
 from saga.model import RunState, StepState
-from saga.stack import RunPicture
+from saga.picture import RunPicture
 
 if TYPE_CHECKING:
     from saga.engine import Saga
@@ -128,12 +128,14 @@ class Run:
         self.saga.abort(self.run_id, reason)
 
     def wait(self, timeout: float | None = None) -> RunPicture:
-        """Wait until the run has ended (completed, compensated or escalated)."""
+        """Wait until the run has ended (completed, compensated or escalated) and its SQL
+        records are written. If only the records are late (their database is away) when the
+        time is up, the ended picture is returned: the end itself is final."""
         deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
         delay = _FIRST_POLL
         while True:
             picture = self.picture()
-            if picture.state.ended:
+            if picture.state.ended and (picture.recorded or time.monotonic() >= deadline):
                 return picture
             if time.monotonic() >= deadline:
                 raise WaitTimeoutError(f"run {self.run_id} still {picture.state.value}")

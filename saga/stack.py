@@ -8,10 +8,10 @@ message replays instead of re-executing.
 
 from __future__ import annotations
 
-import time
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
 
@@ -21,10 +21,24 @@ from redis.commands.core import Script
 from saga import payload
 from saga.constants import ACTIVE_RUNS_KEY, run_keys, settled_key
 from saga.errors import ConfigurationError, StoreUnavailableError
-from saga.model import CompensationState, RunState, StepState, ToolClass
+from saga.machine import lua_tables
+from saga.model import RunState, ToolClass
+from saga.picture import CompensationRecord, RunPicture, RunView, StepRecord, picture_from
 
 if TYPE_CHECKING:
     from saga.rules import CallGate
+
+__all__ = [
+    "CompensationRecord",
+    "Outcome",
+    "RunHead",
+    "RunPicture",
+    "RunStore",
+    "RunView",
+    "StepRecord",
+]
+
+logger = logging.getLogger("saga.stack")
 
 _SCRIPTS = (
     "create",
@@ -33,95 +47,30 @@ _SCRIPTS = (
     "begin_step",
     "record_success",
     "record_failure",
+    "record_retry",
     "abort",
     "mark_sent",
     "begin_compensation",
     "record_compensation",
     "conclude",
+    "mark_recorded",
     "requeue",
     "mark_in_doubt",
     "resolve_in_doubt",
     "take_over",
 )
 
+#: Answers of the scripts that mean "this transition is not in the table" (saga/machine.py).
+ILLEGAL = "illegal"
+
 
 def _load_scripts(client: redis.Redis) -> dict[str, Script]:
     folder = resources.files("saga") / "lua"
-    prelude = (folder / "_prelude.lua").read_text()
+    prelude = lua_tables() + "\n" + (folder / "_prelude.lua").read_text()
     return {
         name: client.register_script(prelude + "\n" + (folder / f"{name}.lua").read_text())
         for name in _SCRIPTS
     }
-
-
-@dataclass(frozen=True)
-class RunView:
-    """What the dispatcher needs to judge a call, read at one version of the run."""
-
-    run_id: str
-    state: RunState
-    version: str
-    pivot_step: int | None
-    in_flight: dict[int, ToolClass]
-    allow_after_pivot: bool
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    step: int
-    tool: str
-    tool_class: ToolClass
-    args: dict[str, Any]
-    state: StepState
-    attempts: int
-    result: Any = None
-    error: dict[str, Any] | None = None
-    #: For a step that was in doubt: what its lookup found ("happened", "not_happened", ...).
-    reconciled: str = ""
-    #: When its current delivery started running (the caller's clock), if it did.
-    started: float | None = None
-
-
-@dataclass(frozen=True)
-class CompensationRecord:
-    step: int
-    entry: dict[str, Any]
-    state: CompensationState
-    attempts: int
-    error: dict[str, Any] | None = None
-    #: When it was confirmed done (or given up on), by the Redis caller's clock.
-    settled_at: float | None = None
-    #: The Celery task that last ran it (what Flower shows, what ``revoke`` takes).
-    task_id: str = ""
-
-
-@dataclass(frozen=True)
-class RunPicture:
-    """Everything known about a run: what a person handed an escalation needs to see."""
-
-    run_id: str
-    state: RunState
-    reason: str
-    pivot_step: int | None
-    steps: list[StepRecord]
-    stack: list[dict[str, Any]]
-    compensations: list[CompensationRecord]
-    created: float
-    ended: float | None
-    extra: dict[str, str] = field(default_factory=dict)
-    #: Last change, and how long the run may go without one before the reaper steps in.
-    updated: float = 0.0
-    deadline: float = 0.0
-    #: Why the run must end escalated whatever its unwind does (a step left in doubt).
-    doubt: str = ""
-    in_flight: tuple[int, ...] = ()
-    version: str = ""
-    #: What set a failing run on its way ("step 4 failed", "aborted: ..."), once ``reason``
-    #: holds the verdict ("compensation failed", ...).
-    cause: str = ""
-
-    def step(self, number: int) -> StepRecord:
-        return next(s for s in self.steps if s.step == number)
 
 
 @dataclass(frozen=True)
@@ -135,18 +84,29 @@ class Outcome:
     def owns_unwind(self) -> bool:
         """True when this caller came to own the run's unwind (it must start it)."""
         return (
-            self.status in ("ok", "dup", "skip")
+            self.status in ("ok", "dup", "skip", "failed", "late")
             and bool(self.values)
-            and self.values[0]
-            in (
-                1,
-                "1",
-            )
+            and self.values[0] in (1, "1")
         )
 
 
+@dataclass(frozen=True)
+class RunHead:
+    """The few fields the reaper reads to decide whether a run needs a closer look."""
+
+    state: RunState
+    updated: float
+    deadline: float
+    recorded: bool
+    ended: float | None
+
+
 class RunStore:
-    """Reads and changes one Redis's runs; safe to share between threads."""
+    """Reads and changes one Redis's runs; safe to share between threads.
+
+    Every time the scripts record comes from the Redis server's clock (``TIME``), so hosts with
+    drifting clocks agree on leases and deadlines; ``now()`` reads the same clock.
+    """
 
     def __init__(self, client: redis.Redis, retention_seconds: int) -> None:
         self.client = client
@@ -164,27 +124,60 @@ class RunStore:
             keys.append(settled_key(run_id, step))
         with _reachable(script):
             raw = self._scripts[script](keys=keys, args=list(args))
-        if isinstance(raw, list):
-            return Outcome(str(raw[0]), tuple(raw[1:]))
-        return Outcome(str(raw))
+        outcome = (
+            Outcome(str(raw[0]), tuple(raw[1:])) if isinstance(raw, list) else Outcome(str(raw))
+        )
+        if outcome.status == ILLEGAL:
+            machine, source, event = (str(v) for v in outcome.values)
+            logger.error(
+                "run %s: refused %s transition %r --%s--> (not in saga/machine.py's table; %s %s)",
+                run_id,
+                machine,
+                source,
+                event,
+                script,
+                list(args)[:1],
+            )
+        return outcome
 
-    # -- forward path ---------------------------------------------------------------------
+    def now(self) -> float:
+        """The Redis server's clock, the one every script records."""
+        with _reachable("time"):
+            seconds, micros = self.client.time()
+        return float(seconds) + micros / 1_000_000
+
+    # -- the reaper's index -----------------------------------------------------------------
 
     def create(self, run_id: str, deadline: float, allow_after_pivot: bool = False) -> bool:
-        # Indexed first: a run the reaper finds without keys is simply dropped from the index.
-        with _reachable("create"):
-            self.client.zadd(ACTIVE_RUNS_KEY, {run_id: time.time()})
-        now = time.time()
-        return self._call("create", run_id, now, int(allow_after_pivot), deadline).status == "1"
+        # Indexed first, due at its deadline: a crash between the two leaves an index entry
+        # without keys, which the reaper drops once it is long overdue (never a run without one).
+        self.schedule(run_id, self.now() + deadline)
+        return self._call("create", run_id, int(allow_after_pivot), deadline).status == "1"
+
+    def schedule(self, run_id: str, at: float) -> None:
+        """Have the reaper look at the run at ``at`` (Redis clock)."""
+        with _reachable("schedule"):
+            self.client.zadd(ACTIVE_RUNS_KEY, {run_id: at})
+
+    def due_runs(self, now: float, limit: int = 1000) -> list[tuple[str, float]]:
+        """Runs the reaper should look at by ``now``, with when they were due."""
+        with _reachable("due_runs"):
+            due = self.client.zrangebyscore(
+                ACTIVE_RUNS_KEY, "-inf", now, start=0, num=limit, withscores=True
+            )
+        return [(str(run_id), float(score)) for run_id, score in cast(list[Any], due)]
 
     def active_runs(self) -> list[str]:
+        """Every run the reaper keeps an eye on (running, unwinding, or kept for retention)."""
         with _reachable("active_runs"):
             return cast(list[str], self.client.zrange(ACTIVE_RUNS_KEY, 0, -1))
 
     def forget(self, run_id: str) -> None:
-        """Drop an ended (or vanished) run from the reaper's index."""
+        """Drop a run whose keys are gone from the reaper's index."""
         with _reachable("forget"):
             self.client.zrem(ACTIVE_RUNS_KEY, run_id)
+
+    # -- forward path ---------------------------------------------------------------------
 
     def view(self, run_id: str) -> RunView | None:
         keys = run_keys(run_id)
@@ -210,16 +203,19 @@ class RunStore:
         or ``refused`` / ``ended`` / ``unknown``, having changed nothing."""
         unsettled = ",".join(str(int(c)) for c in sorted(gate.unsettled_classes))
         before_pivot = int(gate.before_pivot)
-        now = time.time()
         return self._call(
-            "reserve", run_id, tool, int(tool_class), args_json, now, unsettled, before_pivot
+            "reserve", run_id, tool, int(tool_class), args_json, unsettled, before_pivot
         )
 
     def release(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
-        return self._call("release", run_id, step, _error_json(error), time.time(), step=step)
+        """The broker refused the step's message: ``ok`` (released), or ``started`` with the
+        state a delivery already moved it to (the message got through after all)."""
+        return self._call("release", run_id, step, _error_json(error), step=step)
 
-    def begin_step(self, run_id: str, step: int) -> Outcome:
-        return self._call("begin_step", run_id, step, time.time(), step=step)
+    def begin_step(
+        self, run_id: str, step: int, tool: str, args_json: str, claim: str, lease: float
+    ) -> Outcome:
+        return self._call("begin_step", run_id, step, tool, args_json, claim, lease, step=step)
 
     def record_success(
         self, run_id: str, step: int, result_json: str, entry_json: str, irreversible: bool
@@ -231,17 +227,30 @@ class RunStore:
             result_json,
             entry_json,
             int(irreversible),
-            time.time(),
             step=step,
         )
 
-    def record_failure(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
-        error_json = _error_json(error)
-        return self._call("record_failure", run_id, step, error_json, time.time(), step=step)
+    def record_failure(
+        self, run_id: str, step: int, error: dict[str, Any], event: str = "fail"
+    ) -> Outcome:
+        """``event``: ``fail`` (the worker, after the retries) or ``never_started`` (the reaper's
+        verdict, refused for a step a delivery began)."""
+        return self._call("record_failure", run_id, step, _error_json(error), event, step=step)
 
-    def mark_in_doubt(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
-        error_json = _error_json(error)
-        return self._call("mark_in_doubt", run_id, step, error_json, time.time(), step=step)
+    def record_retry(self, run_id: str, step: int, error: dict[str, Any], hold: float) -> Outcome:
+        return self._call("record_retry", run_id, step, _error_json(error), hold)
+
+    def mark_in_doubt(
+        self,
+        run_id: str,
+        step: int,
+        error: dict[str, Any],
+        event: str = "doubt",
+        respect_lease: bool = False,
+    ) -> Outcome:
+        return self._call(
+            "mark_in_doubt", run_id, step, _error_json(error), event, int(respect_lease), step=step
+        )
 
     def resolve_in_doubt(
         self,
@@ -262,15 +271,14 @@ class RunStore:
             entry_json,
             int(irreversible),
             doubt,
-            time.time(),
             step=step,
         )
 
     def take_over(self, run_id: str, version: str, owner: str) -> bool:
-        return self._call("take_over", run_id, version, owner, time.time()).status == "1"
+        return self._call("take_over", run_id, version, owner).status == "ok"
 
     def abort(self, run_id: str, reason: str) -> Outcome:
-        return self._call("abort", run_id, reason, time.time())
+        return self._call("abort", run_id, reason)
 
     def mark_sent(self, run_id: str, owner: str) -> bool:
         return self._call("mark_sent", run_id, owner).status == "1"
@@ -278,24 +286,51 @@ class RunStore:
     # -- unwind path ----------------------------------------------------------------------
 
     def begin_compensation(
-        self, run_id: str, step: int, task_id: str = "", unwind: str = ""
+        self, run_id: str, step: int, claim: str, task_id: str, unwind: str, lease: float
     ) -> Outcome:
-        return self._call("begin_compensation", run_id, step, time.time(), task_id, unwind)
+        return self._call("begin_compensation", run_id, step, claim, task_id, unwind, lease)
 
     def record_compensation(
-        self, run_id: str, step: int, outcome: str, error: dict[str, Any] | None = None
-    ) -> str:
+        self,
+        run_id: str,
+        step: int,
+        outcome: str,
+        error: dict[str, Any] | None = None,
+        claim: str = "",
+        owner: str = "",
+    ) -> Outcome:
+        """``outcome``: ``done``, ``fail``, ``retry`` (by the claim's holder) or ``revoke`` (for
+        the unwind of ``owner``)."""
         return self._call(
-            "record_compensation", run_id, step, outcome, _error_json(error), time.time()
-        ).status
-
-    def conclude(self, run_id: str, state: RunState, reason: str = "", owner: str = "") -> Outcome:
-        return self._call(
-            "conclude", run_id, state.value, reason, time.time(), self.retention_seconds, owner
+            "record_compensation", run_id, step, outcome, _error_json(error), claim, owner
         )
 
+    def conclude(self, run_id: str, state: RunState, reason: str = "", owner: str = "") -> Outcome:
+        return self._call("conclude", run_id, state.value, reason, owner)
+
+    def mark_recorded(self, run_id: str, version: str) -> bool:
+        return self._call("mark_recorded", run_id, version, self.retention_seconds).status == "ok"
+
     def requeue(self, run_id: str) -> Outcome:
-        return self._call("requeue", run_id, time.time())
+        return self._call("requeue", run_id)
+
+    # -- reading --------------------------------------------------------------------------
+
+    def head(self, run_id: str) -> RunHead | None:
+        fields = ("state", "updated", "deadline", "recorded", "ended")
+        with _reachable("head"):
+            state, updated, deadline, recorded, ended = self.client.hmget(
+                run_keys(run_id)[0], fields
+            )
+        if state is None:
+            return None
+        return RunHead(
+            state=RunState(str(state)),
+            updated=float(updated or 0),
+            deadline=float(deadline or 0),
+            recorded=recorded == "1",
+            ended=float(ended) if ended else None,
+        )
 
     def owner(self, run_id: str) -> str:
         with _reachable("owner"):
@@ -317,8 +352,6 @@ class RunStore:
         with _reachable("wait_settled"):
             self.client.blpop([settled_key(run_id, step)], timeout=max(timeout, 0.001))
 
-    # -- reading --------------------------------------------------------------------------
-
     def picture(self, run_id: str) -> RunPicture | None:
         run_key, steps_key, inflight_key, stack_key, comps_key = run_keys(run_id)
         with _reachable("picture"), self.client.pipeline(transaction=True) as pipe:
@@ -330,24 +363,7 @@ class RunStore:
             run, steps, stack, comps, inflight = pipe.execute()
         if not run:
             return None
-        return RunPicture(
-            run_id=run_id,
-            state=RunState(run["state"]),
-            reason=run.get("reason", ""),
-            pivot_step=int(run["pivot"]) if run.get("pivot") else None,
-            steps=_steps_from(steps, int(run.get("next_step", 0))),
-            stack=[payload.loads(e) for e in stack],
-            compensations=_compensations_from(comps),
-            created=float(run["created"]),
-            ended=float(run["ended"]) if run.get("ended") else None,
-            extra={k: run[k] for k in ("owner", "sent", "generation") if k in run},
-            updated=float(run.get("updated") or run["created"]),
-            deadline=float(run.get("deadline") or 0),
-            doubt=run.get("doubt", ""),
-            in_flight=tuple(sorted(int(s) for s in inflight)),
-            version=run.get("version", ""),
-            cause=run.get("cause", ""),
-        )
+        return picture_from(run_id, run, steps, stack, comps, inflight)
 
 
 @contextmanager
@@ -365,41 +381,3 @@ def _error_json(error: dict[str, Any] | None) -> str:
     if error is None:
         return ""
     return payload.dumps(error, what="error", limit=1 << 20)
-
-
-def _steps_from(fields: dict[str, str], count: int) -> list[StepRecord]:
-    steps = []
-    for n in range(1, count + 1):
-        if f"{n}:tool" not in fields:
-            continue
-        steps.append(
-            StepRecord(
-                step=n,
-                tool=fields[f"{n}:tool"],
-                tool_class=ToolClass(int(fields[f"{n}:class"])),
-                args=payload.loads(fields[f"{n}:args"]),
-                state=StepState(fields[f"{n}:state"]),
-                attempts=int(fields.get(f"{n}:attempts", 0)),
-                result=payload.loads(fields.get(f"{n}:result")),
-                error=payload.loads(fields.get(f"{n}:error") or None),
-                reconciled=fields.get(f"{n}:reconciled", ""),
-                started=float(fields[f"{n}:started"]) if f"{n}:started" in fields else None,
-            )
-        )
-    return steps
-
-
-def _compensations_from(fields: dict[str, str]) -> list[CompensationRecord]:
-    numbers = sorted({int(k.split(":")[0]) for k in fields})
-    return [
-        CompensationRecord(
-            step=n,
-            entry=payload.loads(fields[f"{n}:entry"]),
-            state=CompensationState(fields[f"{n}:state"]),
-            attempts=int(fields.get(f"{n}:attempts", 0)),
-            error=payload.loads(fields.get(f"{n}:error") or None),
-            settled_at=float(fields[f"{n}:at"]) if f"{n}:at" in fields else None,
-            task_id=fields.get(f"{n}:task_id", ""),
-        )
-        for n in numbers
-    ]

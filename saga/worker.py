@@ -12,6 +12,7 @@ import contextlib
 import logging
 import sys
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
@@ -36,7 +37,7 @@ from saga.errors import (
 )
 from saga.guard import configuration_problems
 from saga.model import StepContext, ToolClass
-from saga.reaper import mark_in_doubt
+from saga.reaper import mark_in_doubt, reconcile
 from saga.retry import RetryPolicy
 from saga.testing import FAULTS_ENV, faults_enabled
 
@@ -131,7 +132,9 @@ def _install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
 
 
 def _on_revoked(saga: Saga, request: Any, terminated: bool) -> None:
-    """A revoked step is a failure, and one that was running when revoked is in doubt."""
+    """A revoked message is decided from the recorded state, not from Celery's flag: a step no
+    delivery began never ran (failed); one that began is in doubt, reconciled once no delivery
+    may still be running it (right away unless its lease holds, else by the reaper)."""
     kwargs = getattr(request, "kwargs", None) or {}
     name = str(getattr(request, "name", "") or getattr(request, "task", ""))
     run_id = kwargs.get("run_id")
@@ -140,18 +143,30 @@ def _on_revoked(saga: Saga, request: Any, terminated: bool) -> None:
     error = {"type": "Revoked", "message": f"{name} was revoked (terminated: {terminated})"}
     try:
         if kwargs.get("compensates") is not None:
-            saga.store.record_compensation(run_id, int(kwargs["compensates"]), "failed", error)
-            # The older compensations and the conclusion still have to run.
-            remaining = list(getattr(request, "chain", None) or [])
-            _send_rest(
-                saga.app, remaining, getattr(request, "id", None), getattr(request, "root_id", None)
-            )
-        elif terminated:
-            mark_in_doubt(saga, run_id, int(kwargs["step"]), error)
-        elif saga.store.record_failure(run_id, int(kwargs["step"]), error).owns_unwind:
-            saga.start_unwind(run_id, f"step:{kwargs['step']}")
+            _compensation_revoked(saga, request, run_id, kwargs, error)
+            return
+        step = int(kwargs["step"])
+        outcome = saga.store.mark_in_doubt(run_id, step, error, event="revoke")
+        if outcome.owns_unwind:
+            saga.start_unwind(run_id, f"step:{step}")
+        elif outcome.status == "in_doubt" and str(outcome.values[0]) == "0":
+            reconcile(saga, run_id, step)
     except Exception:
         logger.exception("run %s: could not record the revoke of %s", run_id, name)
+
+
+def _compensation_revoked(
+    saga: Saga, request: Any, run_id: str, kwargs: dict[str, Any], error: dict[str, Any]
+) -> None:
+    """Fenced by the unwind's owner: a revoke of a stale chain's message changes nothing."""
+    step, unwind = int(kwargs["compensates"]), str(kwargs.get("unwind") or "")
+    outcome = saga.store.record_compensation(run_id, step, "revoke", error, owner=unwind)
+    if outcome.status != "ok":
+        logger.warning("run %s: revoke of undo %d not recorded: %s", run_id, step, outcome)
+        return
+    # The older compensations and the conclusion still have to run.
+    remaining = list(getattr(request, "chain", None) or [])
+    _send_rest(saga.app, remaining, getattr(request, "id", None), getattr(request, "root_id", None))
 
 
 def _strike(saga: Saga, point: str, tool: Tool) -> None:
@@ -178,18 +193,24 @@ def _forward(
     saga: Saga, task: Task, tool: Tool, run_id: str, step: int, args: dict[str, Any]
 ) -> Any:
     store = saga.store
-    begin = store.begin_step(run_id, step)
+    args_json = payload.dumps(args, what="arguments", limit=saga.settings.max_payload_bytes)
+    claim = _claim(task)
+    begin = store.begin_step(run_id, step, tool.name, args_json, claim, saga.lease_seconds)
     if begin.status == "succeeded":  # a redelivery: replay, never re-apply
-        if int(begin.values[1]) == 1:
-            saga.start_unwind(run_id, f"step:{step}")
+        _after_success(saga, run_id, step, int(begin.values[1]) == 1, int(begin.values[2]) == 1)
         return payload.loads(begin.values[0])
     if begin.status == "failed":
-        _settle_failure(saga, run_id, step, payload.loads(begin.values[0]) or {})
-        raise StepFailedError(run_id, step, tool.name, "already failed (redelivered)")
+        if int(begin.values[1]) == 1:  # a redelivered errback whose unwind was never sent
+            saga.start_unwind(run_id, f"step:{step}")
+        error = (payload.loads(begin.values[0] or None) or {}).get("message", "failed")
+        raise StepFailedError(run_id, step, tool.name, f"{error} (redelivered)")
+    if begin.status == "busy":  # another delivery holds the step: come back when it may not
+        raise task.retry(countdown=min(float(begin.values[0]), saga.lease_seconds))
     if begin.status != "run":
         if begin.owns_unwind:
             saga.start_unwind(run_id, f"step:{step}")
-        logger.warning("run %s step %d (%s) not run: %s", run_id, step, tool.name, begin.status)
+        log = logger.error if begin.status == "mismatch" else logger.warning
+        log("run %s step %d (%s) not run: %s", run_id, step, tool.name, begin)
         raise Ignore()
     attempt = int(begin.values[0])
     if attempt > tool.retry.attempts + saga.settings.max_redeliveries:
@@ -205,11 +226,45 @@ def _forward(
         _strike(saga, "after_effect", tool)
     except Exception as exc:
         if _retryable(exc) and tool.retry.allows_another(attempt):
-            raise task.retry(exc=exc, countdown=tool.retry.delay(attempt)) from exc
-        _settle_failure(saga, run_id, step, _error(exc, attempt))
+            countdown = tool.retry.delay(attempt)
+            store.record_retry(run_id, step, _error(exc, attempt), countdown + saga.lease_seconds)
+            raise task.retry(exc=exc, countdown=countdown) from exc
+        _settle_final_failure(saga, tool, run_id, step, args, _error(exc, attempt))
         raise
     _settle_success_patiently(saga, tool, run_id, step, args, result)
     return result
+
+
+def _claim(task: Task) -> str:
+    """What tells this execution from any other delivery of the same message."""
+    return f"{task.request.id or ''}/{uuid.uuid4().hex[:12]}"
+
+
+def _settle_final_failure(
+    saga: Saga, tool: Tool, run_id: str, step: int, args: dict[str, Any], error: dict[str, Any]
+) -> None:
+    """A write that raised may still have had its effect (a timeout after the request went
+    out): where the tool declares a lookup, ask it before concluding that nothing happened."""
+    if tool.lookup is not None and tool.tool_class is not None and tool.tool_class.is_write:
+        try:
+            found = tool.lookup(step_idempotency_key(run_id, step), args)
+        except Exception as exc:
+            logger.exception("run %s step %d: lookup after the failure failed", run_id, step)
+            error = {**error, "lookup": f"{type(exc).__name__}: {exc}"}
+            mark_in_doubt(saga, run_id, step, error)
+            return
+        if found is not None:
+            logger.warning(
+                "run %s step %d (%s) failed, but its lookup found the effect: recording it",
+                run_id,
+                step,
+                tool.name,
+            )
+            _settle_success_patiently(saga, tool, run_id, step, args, found)
+            return
+    outcome = saga.store.record_failure(run_id, step, error)
+    if outcome.owns_unwind:
+        saga.start_unwind(run_id, f"step:{step}")
 
 
 def _settle_success_patiently(
@@ -219,8 +274,9 @@ def _settle_success_patiently(
 
     When the stack's Redis is away, a Celery retry would have to publish to that same Redis
     and the message would be dropped. So the task keeps trying itself, for a bounded time;
-    the step never looks successful before its undo is pushed. If Redis stays away, the
-    exception leaves the message unacknowledged for redelivery (or the reaper's lookup).
+    the step never looks successful before its undo is pushed. A repeat whose first call did
+    land (only the reply was lost) answers what that first call decided. If Redis stays away,
+    the exception leaves the message unacknowledged for redelivery (or the reaper's lookup).
     """
     delay, waited = 0.1, 0.0
     while True:
@@ -236,12 +292,6 @@ def _settle_success_patiently(
             delay = min(delay * 2, 2.0)
 
 
-def _settle_failure(saga: Saga, run_id: str, step: int, error: dict[str, Any]) -> None:
-    outcome = saga.store.record_failure(run_id, step, error)
-    if outcome.owns_unwind:
-        saga.start_unwind(run_id, f"step:{step}")
-
-
 def _settle_success(
     saga: Saga, tool: Tool, run_id: str, step: int, args: dict[str, Any], result: Any
 ) -> None:
@@ -249,28 +299,44 @@ def _settle_success(
     result_json, entry_json, problem = saga.encode_effect(tool, run_id, step, args, result)
     irreversible = tool.tool_class is ToolClass.IRREVERSIBLE_WRITE
     outcome = saga.store.record_success(run_id, step, result_json, entry_json, irreversible)
-    if outcome.owns_unwind:
-        saga.start_unwind(run_id, f"step:{step}")
-    elif outcome.status == "late":
-        saga.escalate_late_effect(run_id, step)
+    if outcome.status in ("ok", "dup", "late"):
+        mine = int(outcome.values[0]) == 1
+        _after_success(saga, run_id, step, mine, int(outcome.values[1]) == 1)
+    else:  # never silent: the store logged the refused transition; a person must look
+        raise StepFailedError(run_id, step, tool.name, f"its success was refused: {outcome}")
     if problem:
         logger.error("run %s step %d (%s): %s; aborting the run", run_id, step, tool.name, problem)
         with contextlib.suppress(RunEndedError):  # already failing: the unwind meets it anyway
             saga.abort(run_id, f"step {step} ({tool.name}): {problem}")
 
 
+def _after_success(saga: Saga, run_id: str, step: int, mine: bool, late: bool) -> None:
+    """What the recorded success decided (the first time, or again on a repeat): start the
+    unwind this step came to own, and put a run an effect reopened back on the record."""
+    if late:
+        saga.landed_late(run_id)
+    if mine:
+        saga.start_unwind(run_id, f"step:{step}")
+
+
 def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwind: str) -> Any:
     store = saga.store
-    begin = store.begin_compensation(run_id, step, str(task.request.id or ""), unwind)
-    if begin.status != "run":  # done already (a redelivery), or the run is gone
-        logger.info("run %s: compensation of step %d not run: %s", run_id, step, begin.status)
+    claim = _claim(task)
+    task_id = str(task.request.id or "")
+    begin = store.begin_compensation(run_id, step, claim, task_id, unwind, saga.lease_seconds)
+    if begin.status in ("done", "failed"):  # settled already (a redelivery): pass the chain on
+        logger.info("run %s: compensation of step %d already %s", run_id, step, begin.status)
         return {"compensated": step, "replayed": True}
+    if begin.status == "busy":  # another execution (or a newer undo) still runs: wait for it
+        raise task.retry(countdown=min(float(begin.values[0]), saga.lease_seconds))
+    if begin.status != "run":  # a stale chain, or the run is gone: stop this chain here
+        logger.warning("run %s: compensation of step %d not run: %s", run_id, step, begin)
+        raise Ignore()
     attempt, entry = int(begin.values[0]), payload.loads(begin.values[1])
     if attempt > tool.retry.attempts + saga.settings.max_redeliveries:
         message = f"started {attempt - 1} times without an outcome (a crash loop?)"
-        store.record_compensation(
-            run_id, step, "failed", {"type": "AttemptsExceeded", "message": message}
-        )
+        error = {"type": "AttemptsExceeded", "message": message}
+        store.record_compensation(run_id, step, "fail", error, claim=claim)
         _continue_chain(task)
         raise StepInDoubtError(f"run {run_id}: compensation of step {step}: {message}")
     ctx = StepContext(run_id, step, entry["idempotency_key"], attempt, compensating=True)
@@ -280,9 +346,9 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
         _strike(saga, "after_compensation", tool)
     except Exception as exc:
         if _retryable(exc) and tool.retry.allows_another(attempt):
-            store.record_compensation(run_id, step, "retrying", _error(exc, attempt))
+            store.record_compensation(run_id, step, "retry", _error(exc, attempt), claim=claim)
             raise task.retry(exc=exc, countdown=tool.retry.delay(attempt)) from exc
-        store.record_compensation(run_id, step, "failed", _error(exc, attempt))
+        store.record_compensation(run_id, step, "fail", _error(exc, attempt), claim=claim)
         logger.error(
             "run %s: compensation %s of step %d failed for good after %d attempt(s): %s",
             run_id,
@@ -293,7 +359,7 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
         )
         _continue_chain(task)
         raise
-    store.record_compensation(run_id, step, "done")
+    store.record_compensation(run_id, step, "done", claim=claim)
     return {"compensated": step}
 
 

@@ -3,6 +3,23 @@ local RUN, STEPS, INFLIGHT, STACK, COMPS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], K
 -- KEYS[6], when given: the list a client waiting on this step blocks on (BLPOP).
 local SETTLED = KEYS[6]
 
+-- One clock for every host: the Redis server's. Times are stored as seconds with microseconds.
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local NOW = clock()
+local NOW_S = string.format('%.6f', NOW)
+
+-- The transition tables of saga/machine.py: a move they do not list is refused, loudly.
+local function move(machine, source, event)
+  local row = MOVES[machine][source or '']
+  return row and row[event]
+end
+local function illegal(machine, source, event)
+  return {'illegal', machine, source or '', event}
+end
+
 -- Wake whoever waits for this step's outcome; the list expires if nobody does.
 local function notify()
   if SETTLED then
@@ -11,9 +28,18 @@ local function notify()
   end
 end
 
-local function bump(now)
+local function bump()
   redis.call('HINCRBY', RUN, 'version', 1)
-  redis.call('HSET', RUN, 'updated', now)
+  redis.call('HSET', RUN, 'updated', NOW_S)
+end
+
+-- A lease is held while its claim is set and its time has not run out.
+local function leased(hash, n)
+  local lease = redis.call('HMGET', hash, n .. ':claim', n .. ':lease')
+  if lease[1] and lease[1] ~= '' and tonumber(lease[2] or '0') > NOW then
+    return tonumber(lease[2]) - NOW
+  end
+  return nil
 end
 
 -- Whoever settles the last step of a failing run owns its unwind: exactly one caller gets 1.
@@ -23,4 +49,29 @@ local function maybe_own(owner)
   if redis.call('HGET', RUN, 'owner') ~= '' then return 0 end
   redis.call('HSET', RUN, 'owner', owner, 'sent', '0')
   return 1
+end
+
+-- Did ``owner`` come to own the unwind and not send its chain yet (a repeat must resume it)?
+local function still_mine(owner)
+  local run = redis.call('HMGET', RUN, 'owner', 'sent', 'state')
+  return (run[3] == 'unwinding' and run[1] == owner and run[2] == '0') and 1 or 0
+end
+
+-- A running run whose step failed (or is in doubt) starts failing; the first cause is kept.
+local function run_fails(why)
+  if redis.call('HGET', RUN, 'state') == 'running' then
+    redis.call('HSET', RUN, 'state', 'unwinding', 'reason', why)
+  end
+end
+
+local function persist_all()
+  for _, key in ipairs({RUN, STEPS, INFLIGHT, STACK, COMPS}) do redis.call('PERSIST', key) end
+end
+
+local function push_undo(n, entry)
+  if entry ~= '' then
+    redis.call('RPUSH', STACK, entry)
+    redis.call('HSET', COMPS, n .. ':state', 'pending', n .. ':attempts', 0,
+      n .. ':round_start', 0, n .. ':entry', entry)
+  end
 end

@@ -1,7 +1,8 @@
--- ARGV: reason, now
+-- ARGV: reason
 local state = redis.call('HGET', RUN, 'state')
 if not state then return {'unknown'} end
-if state ~= 'running' then return {'ended', state} end
-redis.call('HSET', RUN, 'state', 'unwinding', 'reason', ARGV[1])
-bump(ARGV[2])
+local to = move('run', state, 'abort')
+if not to then return {'ended', state} end
+redis.call('HSET', RUN, 'state', to, 'reason', ARGV[1])
+bump()
 return {'ok', maybe_own('abort')}

@@ -1,13 +1,30 @@
--- ARGV: step, now, task_id, unwind (the owner whose chain sent this message; '' to skip)
+-- ARGV: step, claim (this execution), task_id (for operators), unwind (the owner whose chain
+--       sent this message), lease_seconds
 -- Check before running: a compensation confirmed done is never run again, one given up on
--- runs again only through a requeue, and a message from an unwind that was since taken over
--- (a stale chain coming back late) runs nothing. The task id is kept for operators (revoke).
+-- runs again only through a requeue, and a message from any unwind but the current owner's
+-- (a stale chain, or one with no owner) runs nothing. While another execution holds its
+-- lease, or a newer step's compensation is still running, this one waits ('busy').
 local n = ARGV[1]
 local cs = redis.call('HGET', COMPS, n .. ':state')
 if not cs then return {'unknown'} end
 if cs == 'done' or cs == 'failed' then return {cs} end
 if redis.call('HGET', RUN, 'state') ~= 'unwinding' then return {'ended'} end
-if ARGV[4] ~= '' and redis.call('HGET', RUN, 'owner') ~= ARGV[4] then return {'stale'} end
-redis.call('HSET', COMPS, n .. ':state', 'running', n .. ':task_id', ARGV[3])
+if ARGV[4] == '' or redis.call('HGET', RUN, 'owner') ~= ARGV[4] then return {'stale'} end
+local busy = leased(COMPS, n)
+if busy then return {'busy', string.format('%.3f', busy)} end
+local fields = redis.call('HGETALL', COMPS)
+for i = 1, #fields, 2 do
+  local m = string.match(fields[i], '^(%d+):state$')
+  if m and tonumber(m) > tonumber(n) and fields[i + 1] == 'running' then
+    local newer = leased(COMPS, m)
+    if newer then return {'busy', string.format('%.3f', newer)} end
+  end
+end
+local to = move('comp', cs, 'begin')
+if not to then return illegal('comp', cs, 'begin') end
+redis.call('HSET', COMPS, n .. ':state', to, n .. ':task_id', ARGV[3], n .. ':claim', ARGV[2],
+  n .. ':started', NOW_S, n .. ':lease', string.format('%.6f', NOW + tonumber(ARGV[5])))
 local attempts = redis.call('HINCRBY', COMPS, n .. ':attempts', 1)
-return {'run', attempts, redis.call('HGET', COMPS, n .. ':entry')}
+local first = tonumber(redis.call('HGET', COMPS, n .. ':round_start') or '0')
+bump()
+return {'run', attempts - first, redis.call('HGET', COMPS, n .. ':entry')}

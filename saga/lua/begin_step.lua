@@ -1,25 +1,39 @@
--- ARGV: step, now. Check before running (a redelivery replays the recorded outcome).
+-- ARGV: step, tool, args_json, claim, lease_seconds
+-- Check before running: a redelivery replays the recorded outcome. The message must be the
+-- reserved step's (same tool, same arguments). A delivery holds a lease for as long as it may
+-- run: another delivery of the same step meanwhile is told to come back later ('busy').
 local n = ARGV[1]
 local run_state = redis.call('HGET', RUN, 'state')
 if not run_state then return {'unknown'} end
 local st = redis.call('HGET', STEPS, n .. ':state')
 if not st then return {'unknown'} end
-if st == 'succeeded' then
-  -- Resume an unwind this step came to own and never sent (its worker died in between).
-  local run = redis.call('HMGET', RUN, 'owner', 'sent')
-  local mine = (run[1] == 'step:' .. n and run[2] == '0') and 1 or 0
-  return {'succeeded', redis.call('HGET', STEPS, n .. ':result'), mine}
+local reserved = redis.call('HMGET', STEPS, n .. ':tool', n .. ':args')
+if reserved[1] ~= ARGV[2] or reserved[2] ~= ARGV[3] then
+  return {'mismatch', reserved[1] or ''}
 end
-if st == 'failed' then return {'failed', redis.call('HGET', STEPS, n .. ':error')} end
-if st == 'skipped' or st == 'not_dispatched' or st == 'in_doubt' then return {st} end
+local owner = 'step:' .. n
+if st == 'succeeded' then
+  local late = redis.call('HGET', STEPS, n .. ':landed') == 'late'
+    and redis.call('HGET', RUN, 'recorded') == '0'
+  return {'succeeded', redis.call('HGET', STEPS, n .. ':result'), still_mine(owner), late and 1 or 0}
+end
+if st == 'failed' then
+  return {'failed', redis.call('HGET', STEPS, n .. ':error') or '', still_mine(owner)}
+end
 if st == 'dispatched' and run_state ~= 'running' then
   -- Never started, and the run is already failing: running it now would only add work to undo.
-  redis.call('HSET', STEPS, n .. ':state', 'skipped')
+  redis.call('HSET', STEPS, n .. ':state', move('step', st, 'skip'))
   redis.call('HDEL', INFLIGHT, n)
-  bump(ARGV[2])
+  bump()
   notify()
-  return {'skip', maybe_own('step:' .. n)}
+  return {'skip', maybe_own(owner)}
 end
-redis.call('HSET', STEPS, n .. ':state', 'running', n .. ':started', ARGV[2])
+local to = move('step', st, 'begin')
+if not to then return {st} end  -- skipped, not_dispatched, in_doubt: nothing to run
+local busy = leased(STEPS, n)
+if busy then return {'busy', string.format('%.3f', busy)} end
+redis.call('HSET', STEPS, n .. ':state', to, n .. ':started', NOW_S, n .. ':claim', ARGV[4],
+  n .. ':lease', string.format('%.6f', NOW + tonumber(ARGV[5])))
 local attempts = redis.call('HINCRBY', STEPS, n .. ':attempts', 1)
+bump()
 return {'run', attempts}

@@ -1,7 +1,9 @@
--- ARGV: outcome ('compensated' | 'escalated' | 'completed'), reason, now, retention_seconds,
---       owner (of the unwind that concludes; '' to skip: a stale chain must not conclude)
--- Ends a run once. 'completed' needs a running run with nothing in flight; the others close an
--- unwinding run. Ended runs keep their keys for the retention period, then expire.
+-- ARGV: outcome ('compensated' | 'escalated' | 'completed'), reason, owner (of the unwind
+--       that concludes; a stale chain, or a message with no owner, must not conclude)
+-- Ends a run once. 'completed' needs a running run with nothing in flight; the others close
+-- an unwinding run whose compensations have all been tried: an undo pushed after the chain
+-- was sent (an effect that landed late) is still pending, and the owner must send it first.
+-- The run's keys expire only once its SQL record is written (mark_recorded).
 local state = redis.call('HGET', RUN, 'state')
 if not state then return {'unknown'} end
 if ARGV[1] == 'completed' then
@@ -9,16 +11,29 @@ if ARGV[1] == 'completed' then
   if redis.call('HLEN', INFLIGHT) > 0 then return {'inflight', unpack(redis.call('HKEYS', INFLIGHT))} end
 elseif state ~= 'unwinding' then
   return {'ended', state}
-elseif ARGV[5] and ARGV[5] ~= '' and redis.call('HGET', RUN, 'owner') ~= ARGV[5] then
+elseif ARGV[3] == '' or redis.call('HGET', RUN, 'owner') ~= ARGV[3] then
   return {'stale'}
+elseif redis.call('HGET', RUN, 'pivot') == '' then
+  local fields = redis.call('HGETALL', COMPS)
+  local pending = {}
+  for i = 1, #fields, 2 do
+    local m = string.match(fields[i], '^(%d+):state$')
+    if m and (fields[i + 1] == 'pending' or fields[i + 1] == 'running') then
+      table.insert(pending, m)
+    end
+  end
+  if #pending > 0 then return {'pending', unpack(pending)} end
 end
-redis.call('HSET', RUN, 'state', ARGV[1], 'ended', ARGV[3])
+local to = move('run', state, ARGV[1] == 'completed' and 'complete' or 'conclude')
+if not to then return illegal('run', state, ARGV[1]) end
+redis.call('HSET', RUN, 'state', ARGV[1], 'ended', NOW_S, 'recorded', '0')
 if ARGV[2] ~= '' then
   -- Keep what set the run failing ("step 4 failed", "aborted: ...") beside the verdict.
-  local cause = redis.call('HGET', RUN, 'reason')
-  if cause ~= ARGV[2] then redis.call('HSET', RUN, 'cause', cause) end
+  local run = redis.call('HMGET', RUN, 'reason', 'cause')
+  if (not run[2] or run[2] == '') and run[1] ~= ARGV[2] then
+    redis.call('HSET', RUN, 'cause', run[1])
+  end
   redis.call('HSET', RUN, 'reason', ARGV[2])
 end
-bump(ARGV[3])
-for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[4]) end
-return {'ok'}
+bump()
+return {'ok', redis.call('HGET', RUN, 'version')}

@@ -1,33 +1,47 @@
--- ARGV: step, result_json, entry_json ('' when nothing to undo), irreversible ('0'/'1'), now
--- The result, the push and the pivot land together or not at all; a repeat changes nothing.
+-- ARGV: step, result_json, entry_json ('' when nothing to undo), irreversible ('0'/'1')
+-- The result, the push and the pivot land together or not at all. A repeat (its first reply
+-- was lost) answers what the first call decided: who owns the unwind, whether it was late.
+-- An effect that lands on a step already judged (failed, skipped, in doubt and settled) is
+-- never dropped: it is pushed, and unwound if the run can still unwind, else escalated.
 local n = ARGV[1]
+local owner = 'step:' .. n
 local st = redis.call('HGET', STEPS, n .. ':state')
-if st == 'succeeded' then return {'dup', 0} end
--- An in-doubt step that turns out to have succeeded is settled by the truth. So is one that
--- was reconciled as "not happened" and then landed after all: its undo must not be lost.
-local late = st == 'failed' and redis.call('HGET', STEPS, n .. ':reconciled') == 'not_happened'
-if st ~= 'running' and st ~= 'dispatched' and st ~= 'in_doubt' and not late then
-  return {'conflict', st}
+if not st then return {'unknown'} end
+if st == 'succeeded' then
+  local late = redis.call('HGET', STEPS, n .. ':landed') == 'late'
+    and redis.call('HGET', RUN, 'recorded') == '0'
+  return {'dup', still_mine(owner), late and 1 or 0}
 end
-if late then redis.call('HSET', STEPS, n .. ':reconciled', 'landed_late') end
-redis.call('HSET', STEPS, n .. ':state', 'succeeded', n .. ':result', ARGV[2])
-if ARGV[3] ~= '' then
-  redis.call('RPUSH', STACK, ARGV[3])
-  redis.call('HSET', COMPS, n .. ':state', 'pending', n .. ':attempts', 0, n .. ':entry', ARGV[3])
-end
+local to = move('step', st, 'succeed')
+if not to then return illegal('step', st, 'succeed') end
+local judged = st ~= 'running' and st ~= 'dispatched'
+  and not (st == 'in_doubt' and redis.call('HEXISTS', INFLIGHT, n) == 1)
+redis.call('HSET', STEPS, n .. ':state', to, n .. ':result', ARGV[2], n .. ':claim', '')
+push_undo(n, ARGV[3])
 if ARGV[4] == '1' and redis.call('HGET', RUN, 'pivot') == '' then
   redis.call('HSET', RUN, 'pivot', n)
 end
 redis.call('HDEL', INFLIGHT, n)
-bump(ARGV[5])
+bump()
 notify()
+if not judged then return {'ok', maybe_own(owner), 0} end
+redis.call('HSET', STEPS, n .. ':landed', 'late')
 local run_state = redis.call('HGET', RUN, 'state')
-if late and (run_state == 'compensated' or run_state == 'completed' or run_state == 'escalated') then
-  -- The run ended without this effect: reopen it as escalated, the undo on its stack, so a
-  -- person sees it and requeue_failed_compensations can run it.
-  redis.call('HSET', RUN, 'state', 'escalated', 'cause', 'step ' .. n .. ' landed after the run ended',
-    'reason', 'compensation failed')
-  for _, key in ipairs({RUN, STEPS, INFLIGHT, STACK, COMPS}) do redis.call('PERSIST', key) end
-  return {'late', 0}
+if run_state == 'running' or run_state == 'unwinding' then
+  -- Still failing: the undo is on the stack; the unwind's conclusion sends it if its chain
+  -- was already on its way.
+  return {'ok', maybe_own(owner), 0}
 end
-return {'ok', maybe_own('step:' .. n)}
+-- The run ended without this effect: reopen it. A compensated run unwinds this one too; any
+-- other ends escalated with the effect on its card. Keys stay until the record says so.
+persist_all()
+local cause = 'step ' .. n .. ' landed after the run ended ' .. run_state
+if run_state == 'compensated' and redis.call('HGET', RUN, 'pivot') == '' then
+  redis.call('HSET', RUN, 'state', move('run', run_state, 'late'), 'cause', cause,
+    'owner', owner, 'sent', '0', 'ended', '', 'recorded', '')
+  return {'late', 1, 1}
+end
+local target = move('run', run_state, 'late')
+redis.call('HSET', RUN, 'state', target, 'cause', cause, 'recorded', '0',
+  'reason', 'an effect landed after the run ended')
+return {'late', 0, 1}

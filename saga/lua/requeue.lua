@@ -1,17 +1,30 @@
--- ARGV: now. Reopen an escalated run whose compensations failed, to run those again.
+-- Reopen an escalated run to run its failed (and never run) compensations again, each with a
+-- fresh attempt budget; earlier attempts stay counted in 'attempts' and listed in 'history'.
 local state = redis.call('HGET', RUN, 'state')
 if not state then return {'unknown'} end
-if state ~= 'escalated' or redis.call('HGET', RUN, 'pivot') ~= '' then return {'refused', state} end
-local again = 0
-for _, entry in ipairs(redis.call('LRANGE', STACK, 0, -1)) do again = again + 1 end
-if again == 0 then return {'refused', state} end
+local to = move('run', state, 'requeue')
+if not to or redis.call('HGET', RUN, 'pivot') ~= '' then return {'refused', state} end
+if redis.call('LLEN', STACK) == 0 then return {'refused', state} end
 local fields = redis.call('HGETALL', COMPS)
+local again = 0
 for i = 1, #fields, 2 do
-  local f, v = fields[i], fields[i + 1]
-  if string.sub(f, -6) == ':state' and v == 'failed' then redis.call('HSET', COMPS, f, 'pending') end
+  local n = string.match(fields[i], '^(%d+):state$')
+  if n and move('comp', fields[i + 1], 'requeue') then
+    local attempts = redis.call('HGET', COMPS, n .. ':attempts') or '0'
+    local history = cjson.decode(redis.call('HGET', COMPS, n .. ':history') or '[]')
+    if fields[i + 1] == 'failed' then
+      table.insert(history, {attempts = tonumber(attempts), error = redis.call('HGET', COMPS, n .. ':error'),
+        at = redis.call('HGET', COMPS, n .. ':at')})
+    end
+    redis.call('HSET', COMPS, n .. ':state', move('comp', fields[i + 1], 'requeue'),
+      n .. ':round_start', attempts, n .. ':claim', '', n .. ':history', cjson.encode(history))
+    again = again + 1
+  end
 end
+if again == 0 then return {'refused', state} end
 local generation = redis.call('HINCRBY', RUN, 'generation', 1)
-redis.call('HSET', RUN, 'state', 'unwinding', 'owner', 'requeue:' .. generation, 'sent', '0', 'ended', '')
-bump(ARGV[1])
-for _, key in ipairs(KEYS) do redis.call('PERSIST', key) end
-return {'ok', 'requeue:' .. generation}
+redis.call('HSET', RUN, 'state', to, 'owner', 'requeue:' .. generation, 'sent', '0',
+  'ended', '', 'recorded', '')
+bump()
+persist_all()
+return {'ok', 'requeue:' .. generation, again}

@@ -1,17 +1,17 @@
--- ARGV: tool, class, args_json, now, unsettled_classes (comma list), before_pivot ('0'/'1')
--- KEYS[6]: unused here. The gate (which classes must have settled, whether the run must be
--- before its pivot) comes from saga/rules.py; this script only checks it atomically and
--- reserves the step. A refusal changes nothing; the caller explains it from a fresh view.
+-- ARGV: tool, class, args_json, unsettled_classes (comma list), before_pivot ('0'/'1')
+-- The gate (which classes must have settled, whether the run must be before its pivot)
+-- comes from saga/rules.py; this script only checks it atomically and reserves the step.
+-- A refusal changes nothing; the caller explains it from a fresh view.
 local state = redis.call('HGET', RUN, 'state')
 if not state then return {'unknown'} end
 if state ~= 'running' then return {'ended', state} end
 local blocking = {}
-for class in string.gmatch(ARGV[5], '[^,]+') do blocking[class] = true end
+for class in string.gmatch(ARGV[4], '[^,]+') do blocking[class] = true end
 local inflight = redis.call('HGETALL', INFLIGHT)
 for i = 2, #inflight, 2 do
   if blocking[inflight[i]] then return {'refused'} end
 end
-if ARGV[6] == '1' and redis.call('HGET', RUN, 'allow_after_pivot') ~= '1' then
+if ARGV[5] == '1' and redis.call('HGET', RUN, 'allow_after_pivot') ~= '1' then
   if redis.call('HGET', RUN, 'pivot') ~= '' then return {'refused'} end
   for i = 2, #inflight, 2 do
     if inflight[i] == '5' then return {'refused'} end
@@ -19,7 +19,7 @@ if ARGV[6] == '1' and redis.call('HGET', RUN, 'allow_after_pivot') ~= '1' then
 end
 local n = redis.call('HINCRBY', RUN, 'next_step', 1)
 redis.call('HSET', STEPS, n .. ':tool', ARGV[1], n .. ':class', ARGV[2], n .. ':args', ARGV[3],
-  n .. ':state', 'dispatched', n .. ':attempts', 0, n .. ':at', ARGV[4])
+  n .. ':state', 'dispatched', n .. ':attempts', 0, n .. ':at', NOW_S)
 redis.call('HSET', INFLIGHT, n, ARGV[2])
-bump(ARGV[4])
+bump()
 return {'ok', n}

@@ -221,6 +221,8 @@ def test_recorded_run_is_read_back(records: RecordStore) -> None:
             "error": None,
             "reconciled": "",
             "started": None,
+            "lease": None,
+            "landed": "",
         },
         {
             "step": 2,
@@ -233,6 +235,8 @@ def test_recorded_run_is_read_back(records: RecordStore) -> None:
             "error": {"type": "Timeout", "message": "slow"},
             "reconciled": "",
             "started": None,
+            "lease": None,
+            "landed": "",
         },
     ]
     assert records.run(uuid.uuid4().hex) is None
@@ -326,6 +330,7 @@ def test_escalation_holds_the_whole_picture(records: RecordStore) -> None:
                 "attempts": 5,
                 "error": {"type": "HTTPError", "message": "billing 503"},
                 "state": "failed",
+                "history": [],
             }
         ]
         assert record.not_undone == [

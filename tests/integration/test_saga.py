@@ -222,7 +222,7 @@ def test_a_compensation_that_always_fails_escalates_and_the_older_ones_still_run
     systems.set_down("tickets", False)
     assert saga.requeue_failed_compensations(run.run_id) == 1
     picture = wait_until(
-        lambda: (p := run.picture()).state is RunState.COMPENSATED and p,
+        lambda: (p := run.picture()).state is RunState.COMPENSATED and p.recorded and p,
         what="the requeued compensation",
     )
 

@@ -64,11 +64,47 @@ def reserve(store: RunStore, run_id: str, tool: str, tool_class: ToolClass) -> i
     return int(outcome.values[0])
 
 
+LEASE = 30.0
+#: The claim of each compensation's latest execution, as the worker that began it holds it.
+_CLAIMS: dict[tuple[str, int], str] = {}
+
+
+def begin(store: RunStore, run_id: str, step: int) -> Outcome:
+    """A delivery of the step's own message (its reserved tool and arguments) begins it."""
+    tool, args = store.client.hmget(run_keys(run_id)[1], [f"{step}:tool", f"{step}:args"])
+    claim = uuid.uuid4().hex
+    return store.begin_step(run_id, step, str(tool or "x"), str(args or "{}"), claim, LEASE)
+
+
+def begin_comp(store: RunStore, run_id: str, step: int, unwind: str | None = None) -> Outcome:
+    """The current owner's chain (or ``unwind``'s) begins the compensation of ``step``."""
+    claim = uuid.uuid4().hex
+    _CLAIMS[(run_id, step)] = claim
+    owner = store.owner(run_id) if unwind is None else unwind
+    return store.begin_compensation(run_id, step, claim, "task", owner, LEASE)
+
+
+def record_comp(
+    store: RunStore, run_id: str, step: int, outcome: str, error: dict[str, Any] | None = None
+) -> str:
+    """The execution that began it records its outcome (done, failed, retrying)."""
+    event = {"failed": "fail", "retrying": "retry"}.get(outcome, outcome)
+    claim = _CLAIMS.get((run_id, step), "")
+    return store.record_compensation(run_id, step, event, error, claim=claim).status
+
+
+def conclude(
+    store: RunStore, run_id: str, state: RunState, reason: str = "", owner: str | None = None
+) -> Outcome:
+    """The unwind's owner (by default the current one) concludes the run."""
+    return store.conclude(run_id, state, reason, store.owner(run_id) if owner is None else owner)
+
+
 def start(store: RunStore, run_id: str, tool: str, tool_class: ToolClass) -> int:
     """Reserve a step and begin it, as the worker that picks it up would."""
     step = reserve(store, run_id, tool, tool_class)
-    begin = store.begin_step(run_id, step)
-    assert begin.status == "run", begin
+    began = begin(store, run_id, step)
+    assert began.status == "run", began
     return step
 
 
@@ -157,7 +193,7 @@ def test_duplicated_success_pushes_once(store: RunStore, new_run: NewRun) -> Non
     second = succeed(store, run_id, step, "reverse_credit")
 
     # Then the second is a no-op
-    assert first == Outcome("ok", (0,))
+    assert first == Outcome("ok", (0, 0))
     assert second.status == "dup"
     assert second.owns_unwind is False
     assert store.client.llen(run_keys(run_id)[3]) == 1
@@ -205,16 +241,22 @@ def test_pivot_is_set_by_the_first_irreversible_success_only(
     assert store.picture(run_id).pivot_step == hook  # type: ignore[union-attr]
 
 
-def test_success_of_a_step_that_failed_is_a_conflict(store: RunStore, new_run: NewRun) -> None:
-    """A late success cannot overwrite a recorded failure."""
+def test_a_success_that_lands_on_a_failed_step_is_pushed_not_dropped(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """An effect landing on a step already judged failed is recorded, its undo on the stack."""
+    # Given a step judged failed (its run unwinding, the unwind owned by that failure)
     run_id = new_run()
     step = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
     fail(store, run_id, step)
 
+    # When its effect lands after all
     late = succeed(store, run_id, step, "reverse_credit")
 
-    assert late == Outcome("conflict", ("failed",))
-    assert stack_of(store, run_id) == []
+    # Then it is recorded and its undo pushed, for the unwind to send
+    assert late.status == "ok"
+    assert [e["step"] for e in stack_of(store, run_id)] == [step]
+    assert store.picture(run_id).step(step).landed == "late"  # type: ignore[union-attr]
 
 
 # -- unwind ownership ----------------------------------------------------------------------
@@ -258,7 +300,7 @@ def test_the_step_that_settles_last_owns_even_by_succeeding(
     settled = succeed(store, run_id, two, "restore_status")
 
     assert failed.owns_unwind is False
-    assert settled == Outcome("ok", (1,))
+    assert settled == Outcome("ok", (1, 0))
     assert store.owner(run_id) == f"step:{two}"
     assert [e["step"] for e in stack_of(store, run_id)] == [two]
 
@@ -313,21 +355,21 @@ def test_begin_step_counts_attempts_and_replays_outcomes(store: RunStore, new_ru
     good = reserve(store, run_id, "get_order", ToolClass.READ)
     bad = reserve(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
 
-    assert store.begin_step(run_id, good) == Outcome("run", (1,))
-    assert store.begin_step(run_id, good) == Outcome("run", (2,))
-    assert store.begin_step(run_id, bad) == Outcome("run", (1,))
+    assert begin(store, run_id, good) == Outcome("run", (1,))
+    assert begin(store, run_id, good).status == "busy"  # the first delivery holds its lease
+    assert begin(store, run_id, bad) == Outcome("run", (1,))
     succeed(store, run_id, good)
     fail(store, run_id, bad, "card declined")
 
-    replay = store.begin_step(run_id, good)
+    replay = begin(store, run_id, good)
     assert replay.status == "succeeded"
     assert json.loads(replay.values[0]) == {"step": good, "ok": True}
-    failed = store.begin_step(run_id, bad)
+    failed = begin(store, run_id, bad)
     assert failed.status == "failed"
     assert json.loads(failed.values[0]) == {"type": "RuntimeError", "message": "card declined"}
-    assert store.picture(run_id).step(good).attempts == 2  # type: ignore[union-attr]
-    assert store.begin_step(run_id, 99) == Outcome("unknown")
-    assert store.begin_step(uuid.uuid4().hex, 1) == Outcome("unknown")
+    assert store.picture(run_id).step(good).attempts == 1  # type: ignore[union-attr]
+    assert begin(store, run_id, 99) == Outcome("unknown")
+    assert begin(store, uuid.uuid4().hex, 1) == Outcome("unknown")
 
 
 def test_dispatched_step_of_an_unwinding_run_is_skipped_and_takes_ownership(
@@ -344,7 +386,7 @@ def test_dispatched_step_of_an_unwinding_run_is_skipped_and_takes_ownership(
     before = version(store, run_id)
 
     # When step 2 is picked up
-    skipped = store.begin_step(run_id, two)
+    skipped = begin(store, run_id, two)
 
     # Then it is skipped without running, and as the last to settle it owns the unwind
     assert skipped == Outcome("skip", (1,))
@@ -355,7 +397,7 @@ def test_dispatched_step_of_an_unwinding_run_is_skipped_and_takes_ownership(
     assert store.view(run_id).in_flight == {}  # type: ignore[union-attr]
     assert store.owner(run_id) == f"step:{two}"
     assert version(store, run_id) == before + 1
-    assert store.begin_step(run_id, two) == Outcome("skipped")
+    assert begin(store, run_id, two) == Outcome("skipped")
 
 
 def test_skip_with_another_step_in_flight_does_not_own(store: RunStore, new_run: NewRun) -> None:
@@ -366,7 +408,7 @@ def test_skip_with_another_step_in_flight_does_not_own(store: RunStore, new_run:
     three = start(store, run_id, "hold_stock", ToolClass.COMPENSATABLE_WRITE)
     fail(store, run_id, one)
 
-    assert store.begin_step(run_id, two) == Outcome("skip", (0,))
+    assert begin(store, run_id, two) == Outcome("skip", (0,))
     assert succeed(store, run_id, three, "release_stock").owns_unwind is True
     assert store.owner(run_id) == f"step:{three}"
 
@@ -392,7 +434,7 @@ def test_a_closed_gate_refuses_and_changes_nothing(store: RunStore, new_run: New
     assert store.client.hgetall(run_keys(run_id)[1]) == steps_before
 
     # and once the credit settled and the mail went out, a new credit is refused
-    store.begin_step(run_id, credit)
+    begin(store, run_id, credit)
     succeed(store, run_id, credit, "issue_credit")
     assert store.reserve(run_id, "send_reply", mail, "{}", gate_for(mail)).status == "ok"
     credit_class = ToolClass.COMPENSATABLE_WRITE
@@ -403,7 +445,7 @@ def test_a_closed_gate_refuses_and_changes_nothing(store: RunStore, new_run: New
 def test_reserve_on_an_ended_run(store: RunStore, new_run: NewRun) -> None:
     """An ended run cannot reserve: ``ended`` with the state."""
     run_id = new_run()
-    assert store.conclude(run_id, RunState.COMPLETED) == Outcome("ok")
+    assert conclude(store, run_id, RunState.COMPLETED).status == "ok"
 
     read = gate_for(ToolClass.READ)
     assert store.reserve(run_id, "get_order", ToolClass.READ, "{}", read) == Outcome(
@@ -431,9 +473,9 @@ def test_compensation_attempts_are_counted_across_calls(store: RunStore, new_run
     run_id = new_run()
     three_writes_and_abort(store, run_id)
 
-    first = store.begin_compensation(run_id, 2)
-    assert store.record_compensation(run_id, 2, "retrying", {"message": "503"}) == "ok"
-    second = store.begin_compensation(run_id, 2)
+    first = begin_comp(store, run_id, 2)
+    assert record_comp(store, run_id, 2, "retrying", {"message": "503"}) == "ok"
+    second = begin_comp(store, run_id, 2)
 
     assert (first.status, first.values[0]) == ("run", 1)
     assert (second.status, second.values[0]) == ("run", 2)
@@ -442,7 +484,7 @@ def test_compensation_attempts_are_counted_across_calls(store: RunStore, new_run
     comp = next(c for c in store.picture(run_id).compensations if c.step == 2)  # type: ignore[union-attr]
     assert (comp.state, comp.attempts) == (CompensationState.RUNNING, 2)
     assert comp.error == {"message": "503"}
-    assert store.begin_compensation(run_id, 9) == Outcome("unknown")
+    assert begin_comp(store, run_id, 9) == Outcome("unknown")
 
 
 def test_done_removes_exactly_its_own_entry(store: RunStore, new_run: NewRun) -> None:
@@ -452,13 +494,13 @@ def test_done_removes_exactly_its_own_entry(store: RunStore, new_run: NewRun) ->
     before = stack_of(store, run_id)
     assert [e["step"] for e in before] == [1, 2, 3]
 
-    store.begin_compensation(run_id, 2)
-    assert store.record_compensation(run_id, 2, "done") == "ok"
+    begin_comp(store, run_id, 2)
+    assert record_comp(store, run_id, 2, "done") == "ok"
 
     assert stack_of(store, run_id) == [before[0], before[2]]
-    assert store.record_compensation(run_id, 2, "done") == "dup"
+    assert record_comp(store, run_id, 2, "done") == "dup"
     assert stack_of(store, run_id) == [before[0], before[2]]
-    assert store.begin_compensation(run_id, 2) == Outcome("done")
+    assert begin_comp(store, run_id, 2) == Outcome("done")
     comp = next(c for c in store.picture(run_id).compensations if c.step == 2)  # type: ignore[union-attr]
     assert (comp.state, comp.attempts) == (CompensationState.DONE, 1)
 
@@ -469,34 +511,34 @@ def test_failed_compensation_keeps_its_entry(store: RunStore, new_run: NewRun) -
     three_writes_and_abort(store, run_id)
     before = stack_of(store, run_id)
 
-    store.begin_compensation(run_id, 3)
+    begin_comp(store, run_id, 3)
     error = {"type": "ConnectionError", "message": "stock api down"}
-    assert store.record_compensation(run_id, 3, "failed", error) == "ok"
+    assert record_comp(store, run_id, 3, "failed", error) == "ok"
 
     assert stack_of(store, run_id) == before
     comp = next(c for c in store.picture(run_id).compensations if c.step == 3)  # type: ignore[union-attr]
     assert (comp.state, comp.error) == (CompensationState.FAILED, error)
-    assert store.record_compensation(run_id, 7, "done") == "unknown"
+    assert record_comp(store, run_id, 7, "done") == "unknown"
 
 
 # -- conclude ------------------------------------------------------------------------------
 
 
-def test_conclude_is_fenced_and_sets_the_retention(store: RunStore, new_run: NewRun) -> None:
-    """Only the first conclusion lands; every existing key then expires within the retention."""
+def test_conclude_is_fenced_and_keys_expire_once_recorded(store: RunStore, new_run: NewRun) -> None:
+    """Only the first conclusion lands; the keys expire within the retention once recorded."""
     # Given an unwinding run whose undos all ran
     run_id = new_run()
     three_writes_and_abort(store, run_id)
     for n in (3, 2, 1):
-        store.begin_compensation(run_id, n)
-        store.record_compensation(run_id, n, "done")
+        begin_comp(store, run_id, n)
+        record_comp(store, run_id, n, "done")
 
     # When it is concluded twice
-    first = store.conclude(run_id, RunState.COMPENSATED)
-    second = store.conclude(run_id, RunState.ESCALATED, "late")
+    first = conclude(store, run_id, RunState.COMPENSATED)
+    second = conclude(store, run_id, RunState.ESCALATED, "late")
 
     # Then the second is refused, and the first state stands
-    assert first == Outcome("ok")
+    assert first.status == "ok"
     assert second == Outcome("ended", ("compensated",))
     picture = store.picture(run_id)
     assert picture is not None
@@ -504,6 +546,10 @@ def test_conclude_is_fenced_and_sets_the_retention(store: RunStore, new_run: New
     assert picture.ended is not None
     existing = [k for k in run_keys(run_id) if store.client.exists(k)]
     assert existing == [run_keys(run_id)[i] for i in (0, 1, 4)]  # inflight and stack are empty
+    # (kept until the SQL record is written: a record of another version does not count)
+    assert all(store.client.ttl(key) == -1 for key in existing)
+    assert not store.mark_recorded(run_id, str(int(first.values[0]) - 1))
+    assert store.mark_recorded(run_id, str(first.values[0]))
     for key in existing:
         ttl = store.client.ttl(key)
         assert 0 < ttl <= RETENTION, (key, ttl)  # type: ignore[operator]
@@ -515,8 +561,8 @@ def test_conclude_keeps_the_reason_when_none_is_given(store: RunStore, new_run: 
     for run_id in (kept, replaced):
         fail(store, run_id, start(store, run_id, "get_order", ToolClass.READ))
 
-    assert store.conclude(kept, RunState.COMPENSATED) == Outcome("ok")
-    assert store.conclude(replaced, RunState.ESCALATED, "compensation failed") == Outcome("ok")
+    assert conclude(store, kept, RunState.COMPENSATED).status == "ok"
+    assert conclude(store, replaced, RunState.ESCALATED, "compensation failed").status == "ok"
     assert run_hash(store, kept)["reason"] == "step 1 failed"
     assert run_hash(store, replaced)["reason"] == "compensation failed"
 
@@ -529,7 +575,7 @@ def test_completed_is_refused_while_steps_are_in_flight(store: RunStore, new_run
     three = start(store, run_id, "set_priority", ToolClass.CONVERGENT_WRITE)
     succeed(store, run_id, one)
 
-    refused = store.conclude(run_id, RunState.COMPLETED)
+    refused = conclude(store, run_id, RunState.COMPLETED)
 
     assert refused.status == "inflight"
     assert sorted(int(s) for s in refused.values) == [two, three]
@@ -543,10 +589,10 @@ def test_completed_needs_a_running_run_and_the_others_an_unwinding_one(
     """``completed`` ends a running run; ``compensated`` cannot end a running one."""
     run_id = new_run()
 
-    assert store.conclude(run_id, RunState.COMPENSATED) == Outcome("ended", ("running",))
-    assert store.conclude(run_id, RunState.COMPLETED) == Outcome("ok")
-    assert store.conclude(run_id, RunState.COMPLETED) == Outcome("ended", ("completed",))
-    assert store.conclude(uuid.uuid4().hex, RunState.COMPLETED) == Outcome("unknown")
+    assert conclude(store, run_id, RunState.COMPENSATED) == Outcome("ended", ("running",))
+    assert conclude(store, run_id, RunState.COMPLETED).status == "ok"
+    assert conclude(store, run_id, RunState.COMPLETED) == Outcome("ended", ("completed",))
+    assert conclude(store, uuid.uuid4().hex, RunState.COMPLETED) == Outcome("unknown")
 
 
 # -- requeue -------------------------------------------------------------------------------
@@ -557,19 +603,19 @@ def test_requeue_reopens_a_run_whose_compensation_failed(store: RunStore, new_ru
     # Given a run escalated because one of its undos failed
     run_id = new_run()
     three_writes_and_abort(store, run_id)
-    store.begin_compensation(run_id, 3)
-    store.record_compensation(run_id, 3, "done")
-    store.begin_compensation(run_id, 2)
-    store.record_compensation(run_id, 2, "failed", {"message": "tickets down"})
-    store.begin_compensation(run_id, 1)
-    store.record_compensation(run_id, 1, "done")
-    assert store.conclude(run_id, RunState.ESCALATED, "compensation failed") == Outcome("ok")
+    begin_comp(store, run_id, 3)
+    record_comp(store, run_id, 3, "done")
+    begin_comp(store, run_id, 2)
+    record_comp(store, run_id, 2, "failed", {"message": "tickets down"})
+    begin_comp(store, run_id, 1)
+    record_comp(store, run_id, 1, "done")
+    assert conclude(store, run_id, RunState.ESCALATED, "compensation failed").status == "ok"
 
     # When it is requeued
     outcome = store.requeue(run_id)
 
     # Then it unwinds again, its failed undo pending, its keys no longer expiring
-    assert outcome == Outcome("ok", ("requeue:1",))
+    assert outcome == Outcome("ok", ("requeue:1", 1))
     picture = store.picture(run_id)
     assert picture is not None
     assert picture.state is RunState.UNWINDING
@@ -584,8 +630,15 @@ def test_requeue_reopens_a_run_whose_compensation_failed(store: RunStore, new_ru
     for key in run_keys(run_id):
         if store.client.exists(key):
             assert store.client.ttl(key) == -1, key
+    # and the requeued undo starts a fresh attempt budget, its earlier round kept in history
+    [again] = [c for c in picture.compensations if c.step == 2]
+    assert (again.attempts, again.round_start) == (1, 1)
+    assert [h["attempts"] for h in again.history] == [1]
+    assert json.loads(again.history[0]["error"]) == {"message": "tickets down"}
+    assert begin_comp(store, run_id, 2).values[0] == 1
+    record_comp(store, run_id, 2, "done")
     # and it can be concluded again
-    assert store.conclude(run_id, RunState.COMPENSATED) == Outcome("ok")
+    assert conclude(store, run_id, RunState.COMPENSATED).status == "ok"
 
 
 def test_requeue_refuses_a_compensated_run(store: RunStore, new_run: NewRun) -> None:
@@ -593,8 +646,8 @@ def test_requeue_refuses_a_compensated_run(store: RunStore, new_run: NewRun) -> 
     run_id = new_run()
     three_writes_and_abort(store, run_id)
     for n in (3, 2, 1):
-        store.record_compensation(run_id, n, "done")
-    store.conclude(run_id, RunState.COMPENSATED)
+        record_comp(store, run_id, n, "done")
+    conclude(store, run_id, RunState.COMPENSATED)
 
     assert store.requeue(run_id) == Outcome("refused", ("compensated",))
     assert run_hash(store, run_id)["generation"] == "0"
@@ -609,12 +662,12 @@ def test_requeue_refuses_a_run_past_its_pivot(store: RunStore, new_run: NewRun) 
     succeed(store, run_id, mail, pivot=True)
     status = start(store, run_id, "set_priority", ToolClass.CONVERGENT_WRITE)
     fail(store, run_id, status)
-    store.conclude(run_id, RunState.ESCALATED, "failed after an irreversible step")
+    conclude(store, run_id, RunState.ESCALATED, "failed after an irreversible step")
 
     assert store.requeue(run_id) == Outcome("refused", ("escalated",))
     run = run_hash(store, run_id)
     assert (run["state"], run["generation"]) == ("escalated", "0")
-    assert store.client.ttl(run_keys(run_id)[0]) > 0  # type: ignore[operator]
+    assert store.client.ttl(run_keys(run_id)[0]) == -1  # kept until its record is written
 
 
 def test_requeue_refuses_a_running_or_unknown_run(store: RunStore, new_run: NewRun) -> None:
@@ -643,8 +696,8 @@ def test_two_interleaved_runs_keep_to_their_own_keys(store: RunStore, new_run: N
     succeed(store, a, a2, "release_stock")
     succeed(store, b, b1, "restore_status")
     fail_b = store.abort(b, "b gave up")
-    store.begin_compensation(b, b1)
-    store.record_compensation(b, b1, "done")
+    begin_comp(store, b, b1)
+    record_comp(store, b, b1, "done")
 
     # Then each stack holds only its own entries
     stack_a, stack_b = stack_of(store, a), stack_of(store, b)
@@ -704,7 +757,7 @@ def down() -> Iterator[RunStore]:
 @pytest.mark.parametrize(
     "operation",
     [
-        pytest.param(lambda s, r: s.begin_step(r, 1), id="begin_step"),
+        pytest.param(lambda s, r: s.begin_step(r, 1, "t", "{}", "c", 1.0), id="begin_step"),
         pytest.param(lambda s, r: s.abort(r, "stop"), id="abort"),
         pytest.param(lambda s, r: s.create(r, deadline=DEADLINE), id="create"),
         pytest.param(lambda s, r: s.view(r), id="view"),
@@ -733,64 +786,54 @@ def test_an_effect_that_lands_after_it_was_reconciled_as_missing_is_not_lost(
     # Given a credit in doubt, reconciled as never having happened, and the run compensated
     run_id = new_run()
     credit = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
-    assert store.mark_in_doubt(run_id, credit, {"type": "NoOutcome", "message": "?"}).status == "ok"
-    resolved = store.resolve_in_doubt(run_id, credit, "not_happened", "", "", False, "")
+    doubt = store.mark_in_doubt(run_id, credit, {"type": "NoOutcome", "message": "?"})
+    assert doubt.status == "in_doubt"
+    resolved = store.resolve_in_doubt(run_id, credit, "not_found", "", "", False, "")
     assert resolved.owns_unwind
-    assert store.conclude(run_id, RunState.COMPENSATED).status == "ok"
+    assert conclude(store, run_id, RunState.COMPENSATED).status == "ok"
 
     # When the credit's worker records its success after all
     late = succeed(store, run_id, credit, "reverse_credit")
 
-    # Then the run is reopened as escalated with the undo on its stack, and can be requeued
-    assert late.status == "late"
+    # Then the run is reopened to unwind that credit too, owned by the late step, keys kept
+    assert late == Outcome("late", (1, 1))
     picture = store.picture(run_id)
     assert picture is not None
-    assert picture.state is RunState.ESCALATED
-    assert picture.cause == f"step {credit} landed after the run ended"
+    assert (picture.state, picture.extra["owner"]) == (RunState.UNWINDING, f"step:{credit}")
     assert [e["step"] for e in picture.stack] == [credit]
-    assert picture.step(credit).reconciled == "landed_late"
     assert store.client.ttl(run_keys(run_id)[0]) == -1
-    assert store.requeue(run_id).status == "ok"
+    assert begin_comp(store, run_id, credit).status == "run"
+    record_comp(store, run_id, credit, "done")
+    assert conclude(store, run_id, RunState.COMPENSATED).status == "ok"
 
 
-def test_a_waiter_is_woken_by_the_verdict_not_by_the_doubt(
+def test_an_effect_landing_on_an_escalated_run_goes_on_its_card(
     store: RunStore, new_run: NewRun
 ) -> None:
-    """Marking in doubt signals nobody; reconciling does (so waiters see a verdict)."""
+    """A late effect on a run already escalated stays escalated, undo kept, record pending."""
+    # Given a credit in doubt that nothing could reconcile: the run ended escalated
     run_id = new_run()
-    step = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
-    signal = settled_key(run_id, step)
+    credit = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    store.mark_in_doubt(run_id, credit, {"type": "NoOutcome", "message": "?"})
+    store.resolve_in_doubt(run_id, credit, "unknown", "", "", False, "step 1 in doubt")
+    assert conclude(store, run_id, RunState.ESCALATED, "step 1 in doubt").status == "ok"
+    assert store.mark_recorded(run_id, run_hash(store, run_id)["version"])
 
-    store.mark_in_doubt(run_id, step, {"type": "NoOutcome", "message": "?"})
-    assert store.client.llen(signal) == 0
-    assert store.in_flight(run_id, step)
+    # When its effect lands after all
+    late = succeed(store, run_id, credit, "reverse_credit")
 
-    store.resolve_in_doubt(run_id, step, "unknown", "", "", False, "step in doubt")
-    assert store.client.llen(signal) == 1
-    assert not store.in_flight(run_id, step)
-
-
-# -- stale and given-up compensations ---------------------------------------------------------
-
-
-def test_a_compensation_given_up_on_runs_again_only_through_a_requeue(
-    store: RunStore, new_run: NewRun
-) -> None:
-    """A failed compensation's late message runs nothing; after a requeue it runs."""
-    run_id = new_run()
-    three_writes_and_abort(store, run_id)
-    store.begin_compensation(run_id, 3)
-    store.record_compensation(run_id, 3, "failed", {"message": "down"})
-
-    assert store.begin_compensation(run_id, 3) == Outcome("failed")
-    for step in (2, 1):
-        store.begin_compensation(run_id, step)
-        store.record_compensation(run_id, step, "done")
-    assert store.conclude(run_id, RunState.ESCALATED, "compensation failed").status == "ok"
-    assert store.begin_compensation(run_id, 3) == Outcome("failed")
-
+    # Then it stays escalated, the undo on its stack, its keys kept until it is recorded again
+    assert late == Outcome("late", (0, 1))
+    run = run_hash(store, run_id)
+    assert (run["state"], run["recorded"]) == ("escalated", "0")
+    assert run["cause"] == "step 1 landed after the run ended escalated"
+    assert [e["step"] for e in stack_of(store, run_id)] == [credit]
+    assert store.client.ttl(run_keys(run_id)[0]) == -1
+    # and a repeat of that success (its reply lost) says the same
+    assert succeed(store, run_id, credit, "reverse_credit") == Outcome("dup", (0, 1))
+    # and a requeue runs the undo
     assert store.requeue(run_id).status == "ok"
-    assert store.begin_compensation(run_id, 3).status == "run"
+    assert begin_comp(store, run_id, credit).status == "run"
 
 
 def test_a_stale_unwind_neither_compensates_nor_concludes(store: RunStore, new_run: NewRun) -> None:
@@ -803,12 +846,12 @@ def test_a_stale_unwind_neither_compensates_nor_concludes(store: RunStore, new_r
     assert view is not None and store.take_over(run_id, view.version, "reaper:1")
 
     # When the old chain's compensation and conclusion arrive
-    stale = store.begin_compensation(run_id, 3, "old-task", old_owner)
-    concluded = store.conclude(run_id, RunState.COMPENSATED, "", old_owner)
+    stale = begin_comp(store, run_id, 3, old_owner)
+    concluded = conclude(store, run_id, RunState.COMPENSATED, "", old_owner)
 
     # Then both are refused, and the new owner's go through
     assert (stale, concluded) == (Outcome("stale"), Outcome("stale"))
-    assert store.begin_compensation(run_id, 3, "new-task", "reaper:1").status == "run"
+    assert begin_comp(store, run_id, 3, "reaper:1").status == "run"
     picture = store.picture(run_id)
     assert picture is not None and picture.state is RunState.UNWINDING
-    assert next(c for c in picture.compensations if c.step == 3).task_id == "new-task"
+    assert next(c for c in picture.compensations if c.step == 3).task_id == "task"

@@ -1,0 +1,12 @@
+-- ARGV: version (the one the SQL record describes), retention_seconds
+-- The record of an ended run is written: from now its keys may expire. A run that moved on
+-- since (an effect landed late) keeps them until its new record is written.
+local run = redis.call('HMGET', RUN, 'state', 'version')
+if not run[1] then return {'unknown'} end
+if run[1] ~= 'completed' and run[1] ~= 'compensated' and run[1] ~= 'escalated' then
+  return {'moved', run[1]}
+end
+if run[2] ~= ARGV[1] then return {'moved', run[1]} end
+redis.call('HSET', RUN, 'recorded', '1')
+for _, key in ipairs({RUN, STEPS, INFLIGHT, STACK, COMPS}) do redis.call('EXPIRE', key, ARGV[2]) end
+return {'ok'}

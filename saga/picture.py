@@ -1,0 +1,183 @@
+"""What a run looks like when read back from Redis: its steps, its stack, its compensations.
+
+Read-only values, so the rules, the records and the people looking at an escalation all see
+the same snapshot, taken at one version of the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from saga import payload
+from saga.model import CompensationState, RunState, StepState, ToolClass
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the dispatcher needs to judge a call, read at one version of the run."""
+
+    run_id: str
+    state: RunState
+    version: str
+    pivot_step: int | None
+    in_flight: dict[int, ToolClass]
+    allow_after_pivot: bool
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step as recorded: its call, its state and what came of it."""
+
+    step: int
+    tool: str
+    tool_class: ToolClass
+    args: dict[str, Any]
+    state: StepState
+    attempts: int
+    result: Any = None
+    error: dict[str, Any] | None = None
+    #: For a step that was in doubt: what its lookup found ("happened", "not_happened", ...).
+    reconciled: str = ""
+    #: When its latest delivery started running (Redis clock), if one did.
+    started: float | None = None
+    #: Until when that delivery may still be running (its lease, Redis clock).
+    lease: float | None = None
+    #: "late" when its effect landed after the step had been judged failed or in doubt.
+    landed: str = ""
+
+
+@dataclass(frozen=True)
+class CompensationRecord:
+    """One undo on the stack and what became of it."""
+
+    step: int
+    entry: dict[str, Any]
+    state: CompensationState
+    #: Every attempt ever made, across requeues.
+    attempts: int
+    error: dict[str, Any] | None = None
+    #: When it was confirmed done (or given up on), Redis clock.
+    settled_at: float | None = None
+    #: The Celery task that last ran it (what Flower shows, what ``revoke`` takes).
+    task_id: str = ""
+    #: Attempts made before the latest requeue: the current round's budget starts after them.
+    round_start: int = 0
+    #: Earlier rounds, oldest first: ``{"attempts", "error", "at"}`` as each was given up on.
+    history: list[dict[str, Any]] = field(default_factory=list)
+    #: Until when its current execution may still be running (Redis clock).
+    lease: float | None = None
+
+
+@dataclass(frozen=True)
+class RunPicture:
+    """Everything known about a run: what a person handed an escalation needs to see."""
+
+    run_id: str
+    state: RunState
+    reason: str
+    pivot_step: int | None
+    steps: list[StepRecord]
+    stack: list[dict[str, Any]]
+    compensations: list[CompensationRecord]
+    created: float
+    ended: float | None
+    extra: dict[str, str] = field(default_factory=dict)
+    #: Last change, and how long the run may go without one before the reaper steps in.
+    updated: float = 0.0
+    deadline: float = 0.0
+    #: Why the run must end escalated whatever its unwind does (a step left in doubt).
+    doubt: str = ""
+    in_flight: tuple[int, ...] = ()
+    version: str = ""
+    #: What set a failing run on its way ("step 4 failed", "aborted: ..."), once ``reason``
+    #: holds the verdict ("compensation failed", ...).
+    cause: str = ""
+    #: True once the SQL record of an ended run matches this version (its keys may expire).
+    recorded: bool = False
+
+    def step(self, number: int) -> StepRecord:
+        return next(s for s in self.steps if s.step == number)
+
+    @property
+    def generation(self) -> int:
+        """How many times it was requeued."""
+        return int(self.extra.get("generation") or 0)
+
+
+def picture_from(
+    run_id: str,
+    run: dict[str, str],
+    steps: dict[str, str],
+    stack: list[str],
+    comps: dict[str, str],
+    inflight: list[str],
+) -> RunPicture:
+    """Build the picture from the run's raw Redis hashes (read in one transaction)."""
+    return RunPicture(
+        run_id=run_id,
+        state=RunState(run["state"]),
+        reason=run.get("reason", ""),
+        pivot_step=int(run["pivot"]) if run.get("pivot") else None,
+        steps=_steps_from(steps, int(run.get("next_step", 0))),
+        stack=[payload.loads(e) for e in stack],
+        compensations=_compensations_from(comps),
+        created=float(run["created"]),
+        ended=float(run["ended"]) if run.get("ended") else None,
+        extra={k: run[k] for k in ("owner", "sent", "generation") if k in run},
+        updated=float(run.get("updated") or run["created"]),
+        deadline=float(run.get("deadline") or 0),
+        doubt=run.get("doubt", ""),
+        in_flight=tuple(sorted(int(s) for s in inflight)),
+        version=run.get("version", ""),
+        cause=run.get("cause", ""),
+        recorded=run.get("recorded") == "1",
+    )
+
+
+def _number(fields: dict[str, str], name: str) -> float | None:
+    value = fields.get(name)
+    return float(value) if value else None
+
+
+def _steps_from(fields: dict[str, str], count: int) -> list[StepRecord]:
+    steps = []
+    for n in range(1, count + 1):
+        if f"{n}:tool" not in fields:
+            continue
+        steps.append(
+            StepRecord(
+                step=n,
+                tool=fields[f"{n}:tool"],
+                tool_class=ToolClass(int(fields[f"{n}:class"])),
+                args=payload.loads(fields[f"{n}:args"]),
+                state=StepState(fields[f"{n}:state"]),
+                attempts=int(fields.get(f"{n}:attempts", 0)),
+                result=payload.loads(fields.get(f"{n}:result")),
+                error=payload.loads(fields.get(f"{n}:error") or None),
+                reconciled=fields.get(f"{n}:reconciled", ""),
+                started=_number(fields, f"{n}:started"),
+                lease=_number(fields, f"{n}:lease"),
+                landed=fields.get(f"{n}:landed", ""),
+            )
+        )
+    return steps
+
+
+def _compensations_from(fields: dict[str, str]) -> list[CompensationRecord]:
+    numbers = sorted({int(k.split(":")[0]) for k in fields})
+    return [
+        CompensationRecord(
+            step=n,
+            entry=payload.loads(fields[f"{n}:entry"]),
+            state=CompensationState(fields[f"{n}:state"]),
+            attempts=int(fields.get(f"{n}:attempts", 0)),
+            error=payload.loads(fields.get(f"{n}:error") or None),
+            settled_at=_number(fields, f"{n}:at"),
+            task_id=fields.get(f"{n}:task_id", ""),
+            round_start=int(fields.get(f"{n}:round_start") or 0),
+            history=payload.loads(fields.get(f"{n}:history") or "[]"),
+            lease=_number(fields, f"{n}:lease"),
+        )
+        for n in numbers
+    ]
