@@ -96,8 +96,8 @@ RUN_MOVES = _moves(
         ("fail", U.RUNNING, U.UNWINDING, (W, R, RV), "a step failed or is in doubt"),
         ("abort", U.RUNNING, U.UNWINDING, (Actor.AGENT, R, W), "asked to stop, or abandoned"),
         ("take_over", U.UNWINDING, U.UNWINDING, (R,), "its unwind stalled: a new owner"),
-        ("conclude", U.UNWINDING, U.COMPENSATED, (Actor.OWNER,), "everything undone"),
-        ("conclude", U.UNWINDING, U.ESCALATED, (Actor.OWNER,), "a person must take over"),
+        ("compensate", U.UNWINDING, U.COMPENSATED, (Actor.OWNER,), "everything undone"),
+        ("escalate", U.UNWINDING, U.ESCALATED, (Actor.OWNER,), "a person must take over"),
         ("requeue", U.ESCALATED, U.UNWINDING, (Actor.OPERATOR,), "failed undos run again"),
         ("late", U.COMPENSATED, U.UNWINDING, (W,), "an effect landed after: undo it too"),
         ("late", U.COMPLETED, U.ESCALATED, (W,), "an effect landed after: a person looks"),
@@ -129,3 +129,26 @@ def lua_tables() -> str:
             pairs = ", ".join(f"['{m.event}'] = '{m.target}'" for m in moves if m.source == source)
             lines.append(f"MOVES['{machine}']['{source}'] = {{{pairs}}}")
     return "\n".join(lines)
+
+
+def markdown() -> str:
+    """The tables as Markdown, for ``docs/state-machines.md`` (a test keeps the two equal)."""
+    titles = {"step": "Step", "comp": "Compensation", "run": "Run"}
+    parts = [
+        "# State machines",
+        "",
+        "Generated from `saga/machine.py`; the Lua scripts refuse every move not listed here.",
+        "",
+    ]
+    for machine, moves in MACHINES.items():
+        parts += [
+            f"## {titles[machine]}",
+            "",
+            "| from | event | to | who | why |",
+            "|---|---|---|---|---|",
+        ]
+        for m in moves:
+            who = ", ".join(a.value for a in m.actors)
+            parts.append(f"| {m.source} | {m.event} | {m.target} | {who} | {m.why} |")
+        parts.append("")
+    return "\n".join(parts)

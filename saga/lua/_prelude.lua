@@ -60,7 +60,7 @@ end
 -- A running run whose step failed (or is in doubt) starts failing; the first cause is kept.
 local function run_fails(why)
   if redis.call('HGET', RUN, 'state') == 'running' then
-    redis.call('HSET', RUN, 'state', 'unwinding', 'reason', why)
+    redis.call('HSET', RUN, 'state', move('run', 'running', 'fail'), 'reason', why)
   end
 end
 

@@ -24,9 +24,10 @@ elseif redis.call('HGET', RUN, 'pivot') == '' then
   end
   if #pending > 0 then return {'pending', unpack(pending)} end
 end
-local to = move('run', state, ARGV[1] == 'completed' and 'complete' or 'conclude')
-if not to then return illegal('run', state, ARGV[1]) end
-redis.call('HSET', RUN, 'state', ARGV[1], 'ended', NOW_S, 'recorded', '0')
+local events = {completed = 'complete', compensated = 'compensate', escalated = 'escalate'}
+local to = move('run', state, events[ARGV[1]] or '')
+if not to or to ~= ARGV[1] then return illegal('run', state, events[ARGV[1]] or ARGV[1]) end
+redis.call('HSET', RUN, 'state', to, 'ended', NOW_S, 'recorded', '0')
 if ARGV[2] ~= '' then
   -- Keep what set the run failing ("step 4 failed", "aborted: ...") beside the verdict.
   local run = redis.call('HMGET', RUN, 'reason', 'cause')

@@ -855,3 +855,25 @@ def test_a_stale_unwind_neither_compensates_nor_concludes(store: RunStore, new_r
     picture = store.picture(run_id)
     assert picture is not None and picture.state is RunState.UNWINDING
     assert next(c for c in picture.compensations if c.step == 3).task_id == "task"
+
+
+def test_a_move_not_in_the_table_is_refused_loudly(
+    store: RunStore, new_run: NewRun, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A retry of an undo nobody began, a success of a failed undo: refused and logged."""
+    run_id = new_run()
+    three_writes_and_abort(store, run_id)
+    with caplog.at_level("ERROR", logger="saga.stack"):
+        refused = store.record_compensation(run_id, 3, "retry", {"message": "?"})
+        verdict = store.record_failure(run_id, 1, {"message": "?"}, event="never_started")
+    assert refused == Outcome("illegal", ("comp", "pending", "retry"))
+    assert verdict == Outcome("illegal", ("step", "succeeded", "never_started"))
+    assert [r.getMessage().split(":")[1].strip() for r in caplog.records] == [
+        "refused comp transition 'pending' --retry--> (not in saga/machine.py's table; "
+        "record_compensation [3])",
+        "refused step transition 'succeeded' --never_started--> (not in saga/machine.py's "
+        "table; record_failure [1])",
+    ]
+    assert {c.state for c in store.picture(run_id).compensations} == {  # type: ignore[union-attr]
+        CompensationState.PENDING
+    }

@@ -373,9 +373,9 @@ def test_the_same_step_message_delivered_twice_credits_once(
     assert credits_and_reversals(run.run_id) == (1, 0)
     assert [e["args"] for e in picture.stack] == [{"credit_id": result["credit_id"]}]
     assert picture.step(1).result == result
-    # The copy that came while the step ran was started too (a redelivery looks the same);
-    # the tool's idempotency key made it return the same credit. The late copy only replayed.
-    assert picture.step(1).attempts == 2
+    # The copy that came while the step ran found the first delivery's lease and was sent
+    # back to wait; it and the late copy only replayed: the tool ran once.
+    assert picture.step(1).attempts == 1
     check_invariants(env, picture)
 
 
@@ -584,16 +584,19 @@ def test_the_reaper_reconciles_a_step_whose_outcome_was_lost(
     run = env.saga.start_run()
     call(run, TICKET_CALL).result(timeout=10)
     step = hand_reserve(env, run.run_id, *CREDIT_CALL)
-    assert env.saga.store.begin_step(run.run_id, step).status == "run"
+    args_json = payload.dumps(CREDIT_CALL[1], what="args", limit=1 << 20)
+    began = env.saga.store.begin_step(run.run_id, step, CREDIT_CALL[0], args_json, "gone", 2.5)
+    assert began.status == "run"
     if effect_applied:
         key = step_idempotency_key(run.run_id, step)
         systems.issue_credit(ORDER, CREDIT, key, "late")
 
-    # When the reaper passes after the deadline, and after the task time limit (until then
-    # the step might still be running and its effect still land)
+    # When the reaper passes after the deadline, and again once the delivery's lease ran out
+    # (until then the step might still be running and its effect still land)
     time.sleep(1.5)
     assert env.saga.reap().in_doubt == []
-    report = env.saga.reap(now=time.time() + TIME_LIMIT + 6)
+    time.sleep(1.5)
+    report = env.saga.reap(now=env.saga.store.now() + 2)
 
     # Then the step is reconciled by the lookup and the run unwinds what exists
     verdict = "happened" if effect_applied else "not_happened"
@@ -616,6 +619,8 @@ def test_the_reaper_takes_over_an_unwind_whose_owner_never_sent_it(
     run = env.saga.start_run()
     call(run, CREDIT_CALL).result(timeout=10)
     step = hand_reserve(env, run.run_id, *GET_ORDER)
+    args_json = payload.dumps(GET_ORDER[1], what="args", limit=1 << 20)
+    env.saga.store.begin_step(run.run_id, step, GET_ORDER[0], args_json, "gone", 30.0)
     error = {"type": "ServiceUnavailableError", "message": "orders is down"}
     assert env.saga.store.record_failure(run.run_id, step, error).owns_unwind
     stalled = env.saga.picture(run.run_id)
