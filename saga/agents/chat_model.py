@@ -21,9 +21,9 @@ from saga.tools import Tool
 #: Anthropic requires a cap on the answer; the OpenAI formats get one only if asked.
 DEFAULT_ANTHROPIC_MAX_TOKENS = 4096
 #: Request keywords the policy sets itself; passing them as options would silently fight it.
+#: (``model``, ``system`` and ``max_tokens`` are parameters, so they cannot arrive as options.)
 _OWN_KEYS = frozenset(
-    {"model", "messages", "input", "instructions", "system", "tools", "max_tokens"}
-    | {"max_completion_tokens", "max_output_tokens"}
+    {"messages", "input", "instructions", "tools", "max_completion_tokens", "max_output_tokens"}
 )
 
 
