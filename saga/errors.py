@@ -7,6 +7,7 @@ the worker asks the error, never its type.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 class SagaError(Exception):
@@ -116,3 +117,35 @@ class FaultInjectionDisabledError(SagaError):
 
 class StepInDoubtError(SagaError):
     """Nobody knows whether the step's effect happened; it is reconciled before any unwind."""
+
+
+class ModelCallError(SagaError):
+    """The model could not be asked or did not answer; ``retryable`` says if trying again helps."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        #: Seconds the provider asked us to wait (``Retry-After``), when it said.
+        self.retry_after = retry_after
+        #: The HTTP status of the failed request; ``None`` when no response came back.
+        self.status = status
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only attributes would be lost on a copy or a pickle round trip otherwise.
+        attributes = {"retryable": self.retryable, "retry_after": self.retry_after}
+        return (_model_call_error, (str(self), attributes, self.status))
+
+
+def _model_call_error(message: str, attributes: dict[str, Any], status: int | None) -> SagaError:
+    return ModelCallError(message, status=status, **attributes)
+
+
+class ConversationError(SagaError):
+    """Tool results do not answer the model's pending calls, so no model would accept the turn."""
