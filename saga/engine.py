@@ -25,6 +25,7 @@ from saga.constants import (
 )
 from saga.errors import (
     DispatchError,
+    PayloadError,
     RunEndedError,
     SagaError,
     StepsInFlightError,
@@ -365,8 +366,11 @@ class Saga:
         problem = ""
         try:
             result_json = payload.dumps(result, what=f"result of {tool.name}", limit=limit)
-        except Exception as exc:
-            problem = f"result of {tool.name} cannot be recorded: {exc}"
+        except PayloadError as exc:
+            problem = str(exc)
+            result_json = payload.dumps({"unrecorded": problem}, what="result", limit=limit)
+        except Exception as exc:  # a lone surrogate, a value whose repr raises, ...
+            problem = f"result of {tool.name} cannot be recorded: {type(exc).__name__}: {exc}"
             result_json = payload.dumps({"unrecorded": problem}, what="result", limit=limit)
         if tool.compensation is None:
             return result_json, "", problem

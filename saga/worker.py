@@ -109,6 +109,9 @@ def install(app: Celery, saga: Saga) -> None:
             raise self.retry(exc=exc, countdown=_CONCLUDE_RETRY.delay(attempt)) from exc
 
 
+#: Arguments already crossed the broker within the dispatcher's limit: no second limit here.
+_NO_LIMIT = 1 << 40
+
 #: Retrying a conclusion (its records database was away): short delays, well below any
 #: visibility timeout, so the message is never handed to a second worker meanwhile.
 _CONCLUDE_RETRY = RetryPolicy(attempts=20, backoff=0.5, backoff_max=5.0)
@@ -151,6 +154,11 @@ def _on_revoked(saga: Saga, request: Any, terminated: bool) -> None:
             saga.start_unwind(run_id, f"step:{step}")
         elif outcome.status == "in_doubt" and str(outcome.values[0]) == "0":
             reconcile(saga, run_id, step)
+        elif outcome.status == "in_doubt":
+            # Its delivery may still be applying the effect: the reaper asks the lookup once
+            # the lease has run out, not before.
+            lease = saga.picture(run_id).step(step).lease or saga.store.now()
+            saga.store.schedule(run_id, lease)
     except Exception:
         logger.exception("run %s: could not record the revoke of %s", run_id, name)
 
@@ -193,7 +201,8 @@ def _forward(
     saga: Saga, task: Task, tool: Tool, run_id: str, step: int, args: dict[str, Any]
 ) -> Any:
     store = saga.store
-    args_json = payload.dumps(args, what="arguments", limit=saga.settings.max_payload_bytes)
+    # (The dispatcher applied the size limit; this only has to match what it stored.)
+    args_json = payload.dumps(args, what="arguments", limit=_NO_LIMIT)
     claim = _claim(task)
     begin = store.begin_step(run_id, step, tool.name, args_json, claim, saga.lease_seconds)
     if begin.status == "succeeded":  # a redelivery: replay, never re-apply
