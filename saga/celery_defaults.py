@@ -11,8 +11,9 @@ Why these defaults:
   step back to the queue instead of losing it.
 - ``worker_prefetch_multiplier = 1``: a worker holds one unacknowledged message at a time, so a
   crash strands at most one step until the visibility timeout returns it.
-- The visibility timeout is longer than any time limit or retry delay: otherwise Redis would
-  hand a step still running (or waiting to retry) to a second worker.
+- The visibility timeout outlasts the longest retry delay plus the time limit: a retried message
+  is delivered at once and held for its countdown before it runs, and Redis would hand a step
+  still waiting or running to a second worker (the worker's start-up guard checks each tool).
 - Worker task events on, so Flower shows every tool call and compensation as it runs.
 - The reaper scheduled for ``celery beat``: it is what resolves runs nobody drives any more, so
   it ships with the library's settings rather than each app's.
@@ -68,10 +69,16 @@ worker_prefetch_multiplier = 1
 
 task_time_limit = int(os.environ.get("SAGA_TASK_TIME_LIMIT", "300"))
 task_soft_time_limit = max(1, task_time_limit * 9 // 10)
-#: Longest retry delay any tool may ask for (RetryPolicy.backoff_max defaults stay below it).
+#: Longest retry delay a tool is expected to ask for (the retry policies' defaults stay well
+#: below it); the guard checks every tool's actual policy against the visibility timeout.
 retry_delay_max = 600
+#: Besides the guard's own margin, one more time limit (at least a minute): a retry whose
+#: countdown ends while every pool process is busy waits for one to free up.
 _visibility = int(
-    os.environ.get("SAGA_VISIBILITY_TIMEOUT", str(2 * max(task_time_limit, retry_delay_max)))
+    os.environ.get(
+        "SAGA_VISIBILITY_TIMEOUT",
+        str(retry_delay_max + task_time_limit + max(task_time_limit, 60)),
+    )
 )
 broker_transport_options: dict[str, Any] = {
     "visibility_timeout": _visibility,
