@@ -35,6 +35,18 @@ class UnknownRunError(SagaError):
     """No run with this id exists (never started, or expired after its retention)."""
 
 
+class RunExistsError(SagaError):
+    """``start_run`` was given the id of a run that already exists; nothing was changed."""
+
+
+class InvalidRunIdError(SagaError):
+    """A run id is not 1-128 characters of ``[A-Za-z0-9._-]`` starting with a letter or digit."""
+
+
+class InvalidRunOptionError(SagaError):
+    """An option of ``start_run`` (``deadline``, ``allow_reversible_after_pivot``) is invalid."""
+
+
 class RunEndedError(SagaError):
     """The run has already ended (or is unwinding), so it takes no more calls."""
 

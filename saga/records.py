@@ -22,6 +22,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from saga.model import CompensationState
 from saga.rules import not_undone
 from saga.stack import RunPicture
+from saga.validation import RUN_ID_MAX_LENGTH
+
+#: ``<run_id>:<generation>``: a generation is a requeue counter, 31 digits is plenty.
+_ESCALATION_ID_LENGTH = RUN_ID_MAX_LENGTH + 32
 
 
 class _Base(DeclarativeBase):
@@ -31,7 +35,7 @@ class _Base(DeclarativeBase):
 class RunRecord(_Base):
     __tablename__ = "saga_runs"
 
-    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(RUN_ID_MAX_LENGTH), primary_key=True)
     state: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
@@ -44,8 +48,8 @@ class EscalationRecord(_Base):
 
     __tablename__ = "saga_escalations"
 
-    escalation_id: Mapped[str] = mapped_column(String(80), primary_key=True)
-    run_id: Mapped[str] = mapped_column(String(64), index=True)
+    escalation_id: Mapped[str] = mapped_column(String(_ESCALATION_ID_LENGTH), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(RUN_ID_MAX_LENGTH), index=True)
     #: The verdict ("compensation failed", "failed after an irreversible step", ...).
     reason: Mapped[str] = mapped_column(Text)
     #: What set the run failing ("step 5 failed", "aborted: ...").

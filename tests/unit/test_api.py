@@ -51,9 +51,12 @@ EXPORTED = [
     "FaultInjectionDisabledError",
     "InjectedFaultError",
     "InvalidArgumentsError",
+    "InvalidRunIdError",
+    "InvalidRunOptionError",
     "NonRetryableToolError",
     "PayloadError",
     "RunEndedError",
+    "RunExistsError",
     "SagaError",
     "StepFailedError",
     "StepInDoubtError",
@@ -106,7 +109,7 @@ def test_errors_module_is_found() -> None:
     names = {cls.__name__ for cls in ERROR_CLASSES}
     exported_errors = {n for n in EXPORTED if n.endswith("Error")}
     assert exported_errors <= names
-    assert len(exported_errors) == 20
+    assert len(exported_errors) == 23
 
 
 @pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)
