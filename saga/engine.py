@@ -273,7 +273,9 @@ class Saga:
         if outcome.status == "unknown":
             raise UnknownRunError(f"no run {run_id} (it may have expired after its retention)")
         if outcome.status != "ok":
-            raise SagaError(
+            from saga.errors import NothingToRequeueError
+
+            raise NothingToRequeueError(
                 f"run {run_id} is {outcome.values[0]} and has no failed compensation to requeue"
             )
         owner = str(outcome.values[0])

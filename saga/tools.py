@@ -20,6 +20,7 @@ from saga.errors import (
     CompensationBuildError,
     InvalidArgumentsError,
     ToolDefinitionError,
+    ToolNotOfferedError,
     UnknownToolError,
 )
 from saga.model import ToolClass, Undo
@@ -167,11 +168,17 @@ class ToolRegistry:
     def offered(self, name: str) -> Tool:
         """The tool the agent asked for, if the agent may call it."""
         tool = self._tools.get(name)
-        if tool is None or not tool.offered or tool.tool_class is None:
-            raise UnknownToolError(
-                f"unknown tool {name!r}; the agent may call: {self._known(offered=True)}"
-            )
-        return tool
+        if tool is not None and tool.offered and tool.tool_class is not None:
+            return tool
+        callable_ones = f"the agent may call: {self._known(offered=True)}"
+        if tool is None:
+            raise UnknownToolError(f"unknown tool {name!r}; {callable_ones}")
+        why = ""
+        if tool.tool_class is None:
+            why = " (it only undoes other tools' steps, when a run unwinds)"
+        raise ToolNotOfferedError(
+            f"tool {name!r} exists but is not offered to agents{why}; {callable_ones}"
+        )
 
     def check_undo(self, undo: Undo) -> dict[str, Any]:
         """Validate an undo against its tool; return its arguments in JSON form."""

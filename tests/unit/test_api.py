@@ -54,6 +54,7 @@ EXPORTED = [
     "InvalidRunIdError",
     "InvalidRunOptionError",
     "NonRetryableToolError",
+    "NothingToRequeueError",
     "PayloadError",
     "RunEndedError",
     "RunExistsError",
@@ -64,6 +65,7 @@ EXPORTED = [
     "StepsInFlightError",
     "StoreUnavailableError",
     "ToolDefinitionError",
+    "ToolNotOfferedError",
     "UnknownRunError",
     "UnknownToolError",
     "WaitTimeoutError",
@@ -109,7 +111,7 @@ def test_errors_module_is_found() -> None:
     names = {cls.__name__ for cls in ERROR_CLASSES}
     exported_errors = {n for n in EXPORTED if n.endswith("Error")}
     assert exported_errors <= names
-    assert len(exported_errors) == 23
+    assert len(exported_errors) == 25
 
 
 @pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)
