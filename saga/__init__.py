@@ -40,7 +40,7 @@ from saga.records import EscalationRecord, RecordStore, RunRecord
 from saga.retry import RetryPolicy
 from saga.runs import Run, StepHandle
 from saga.settings import Settings
-from saga.stack import RunPicture
+from saga.stack import CompensationRecord, RunPicture, StepRecord
 from saga.tools import Tool, ToolRegistry
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "Settings",
     "StepHandle",
     # What a run looks like
+    "CompensationRecord",
     "CompensationState",
     "EscalationRecord",
     "RecordStore",
@@ -65,6 +66,7 @@ __all__ = [
     "RunPicture",
     "RunRecord",
     "RunState",
+    "StepRecord",
     "StepState",
     # Errors
     "CallRefusedError",

@@ -44,7 +44,25 @@ class RunRecord(_Base):
 
 
 class EscalationRecord(_Base):
-    """The whole picture handed to a person: not "the run failed", but what is live and why."""
+    """The whole picture handed to a person: not "the run failed", but what is live and why.
+
+    One row per escalation of a run (``escalation_id`` is ``<run_id>:<generation>``; each
+    requeue that escalates again is a new generation). The JSON fields, as written when the
+    run concluded:
+
+    - ``steps_done``: the steps that succeeded, each a ``StepRecord`` as a dict (``step``,
+      ``tool``, ``tool_class`` as 1-5, ``args``, ``state``, ``attempts``, ``result``,
+      ``error``, ``reconciled``, ``started``).
+    - ``stack``: the undo entries still on the stack, oldest first (``step``, ``tool``,
+      ``args``, ``idempotency_key``, ``description``; ``broken`` if it could not be built).
+    - ``failed_compensations``: each undo that gave up (``step``, ``undo`` its entry,
+      ``attempts``, ``error`` as ``{"type", "message", ...}``, ``state``).
+    - ``not_undone``: every effect still live in the world (``step``, ``tool``, ``result``,
+      ``why``: irreversible, past the pivot, its compensation failed, in doubt, ...).
+
+    ``resolved`` turns true when a requeued unwind ends compensated (every escalation of the
+    run), or when a person sets it after dealing with the run by hand.
+    """
 
     __tablename__ = "saga_escalations"
 

@@ -35,6 +35,7 @@ EXPORTED = [
     "Settings",
     "StepHandle",
     # What a run looks like
+    "CompensationRecord",
     "CompensationState",
     "EscalationRecord",
     "RecordStore",
@@ -42,6 +43,7 @@ EXPORTED = [
     "RunPicture",
     "RunRecord",
     "RunState",
+    "StepRecord",
     "StepState",
     # Errors
     "CallRefusedError",
