@@ -6,13 +6,13 @@ message to another worker. Pure configuration: no Redis, no worker.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-import saga.celery_defaults
 from saga.guard import RUN_TIME_MARGIN, configuration_problems, longest_retry_delay
 from saga.retry import DEFAULT_COMPENSATION_RETRY, DEFAULT_RETRY, RetryPolicy
 from saga.tools import ToolRegistry
@@ -43,27 +43,40 @@ def fixed(delay: float, attempts: int = 2) -> RetryPolicy:
     return RetryPolicy(attempts=attempts, backoff=delay, backoff_max=delay, jitter=False)
 
 
-@pytest.fixture
-def reloaded_defaults(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """``load(**env)``: saga.celery_defaults as read under that environment; restored after."""
+#: Read from the environment when first imported: a test that imports them must leave no copy
+#: behind, or a later test (or the integration tier's app) would see this test's environment.
+_SETTINGS_MODULES = ("celeryconfig", "saga.celery_defaults")
 
-    def load(**env: str) -> ModuleType:
+
+@pytest.fixture
+def load(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., ModuleType]]:
+    """``load(module, **env)``: a fresh import of ``module`` under ``env``; forgotten after."""
+
+    def forget() -> None:
+        for name in _SETTINGS_MODULES:
+            sys.modules.pop(name, None)
+
+    def fresh(module: str = "saga.celery_defaults", **env: str) -> ModuleType:
+        for name in ("SAGA_TASK_TIME_LIMIT", "SAGA_VISIBILITY_TIMEOUT"):
+            monkeypatch.delenv(name, raising=False)  # the shipped defaults, unless given
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        return importlib.reload(saga.celery_defaults)
+        forget()
+        return importlib.import_module(module)
 
-    yield load
-    monkeypatch.undo()
-    importlib.reload(saga.celery_defaults)
+    yield fresh
+    forget()
 
 
 # -- the sum per tool (review R7) ------------------------------------------------------------
 
 
-def test_a_retry_delay_plus_the_time_limit_past_the_visibility_timeout_is_refused() -> None:
+def test_a_retry_delay_plus_the_time_limit_past_the_visibility_timeout_is_refused(
+    load: Callable[..., ModuleType],
+) -> None:
     """R7: with the shipped defaults (limit 300 s, visibility 1200 s), a 1000 s retry delay
     passes each separate check but not their sum, and the refusal names the tool."""
-    conf = settings_of(saga.celery_defaults)
+    conf = settings_of(load())
     policies = {"get_order": DEFAULT_RETRY, "issue_credit": fixed(1000, attempts=3)}
 
     problems = configuration_problems(conf, policies, [])
@@ -147,43 +160,50 @@ def test_longest_retry_delay(policy: RetryPolicy, longest: float) -> None:
 # -- the settings that ship, and the tests' own -----------------------------------------------
 
 
-def test_the_shipped_defaults_pass_with_every_tool_at_the_expected_longest_delay() -> None:
+def test_the_shipped_defaults_pass_with_every_tool_at_the_expected_longest_delay(
+    load: Callable[..., ModuleType],
+) -> None:
     """saga.celery_defaults leave room for a tool at ``retry_delay_max`` plus the time limit."""
-    conf = settings_of(saga.celery_defaults)
+    defaults = load()
+    conf = settings_of(defaults)
     policies = {
         "default": DEFAULT_RETRY,
         "compensation": DEFAULT_COMPENSATION_RETRY,
-        "slowest": fixed(saga.celery_defaults.retry_delay_max),
+        "slowest": fixed(defaults.retry_delay_max),
     }
 
     assert configuration_problems(conf, policies, []) == []
 
 
 @pytest.mark.parametrize("limit", ["1", "5", "60", "300", "3600"])
-def test_the_default_visibility_follows_the_time_limit(reloaded_defaults: Any, limit: str) -> None:
+def test_the_default_visibility_follows_the_time_limit(
+    load: Callable[..., ModuleType], limit: str
+) -> None:
     """Whatever SAGA_TASK_TIME_LIMIT says, the derived visibility timeout passes the guard."""
-    defaults = reloaded_defaults(SAGA_TASK_TIME_LIMIT=limit)
+    defaults = load(SAGA_TASK_TIME_LIMIT=limit)
     slowest = fixed(defaults.retry_delay_max)
 
     assert defaults.task_time_limit == int(limit)
     assert configuration_problems(settings_of(defaults), {"slowest": slowest}, []) == []
 
 
-def test_the_environment_still_sets_the_visibility_timeout(reloaded_defaults: Any) -> None:
+def test_the_environment_still_sets_the_visibility_timeout(
+    load: Callable[..., ModuleType],
+) -> None:
     """SAGA_VISIBILITY_TIMEOUT wins over the derived default, and the guard then judges it."""
-    defaults = reloaded_defaults(SAGA_VISIBILITY_TIMEOUT="7", SAGA_TASK_TIME_LIMIT="5")
+    defaults = load(SAGA_VISIBILITY_TIMEOUT="7", SAGA_TASK_TIME_LIMIT="5")
 
     assert defaults.broker_transport_options["visibility_timeout"] == 7
     [problem] = configuration_problems(settings_of(defaults), {"slow": fixed(2)}, [])
     assert problem.startswith("tool slow:")
 
 
-def test_the_app_config_module_is_the_package_defaults() -> None:
+def test_the_app_config_module_is_the_package_defaults(load: Callable[..., ModuleType]) -> None:
     """celeryconfig.py (the demo app's) star-imports saga.celery_defaults and loses nothing."""
-    import celeryconfig
+    celeryconfig = load("celeryconfig")
+    defaults = sys.modules["saga.celery_defaults"]
 
-    names = saga.celery_defaults.__all__
-    assert {n: getattr(celeryconfig, n) for n in names} == settings_of(saga.celery_defaults)
+    assert {n: getattr(celeryconfig, n) for n in defaults.__all__} == settings_of(defaults)
     assert celeryconfig.beat_schedule["saga-reaper"]["task"] == "saga.reap"
 
 
@@ -201,9 +221,11 @@ def test_the_reliability_settings_pass_with_the_demo_tools() -> None:
     assert configuration_problems(conf, policies_of(tools), []) == []
 
 
-def test_the_chaos_settings_pass_with_the_chaos_tools() -> None:
+def test_the_chaos_settings_pass_with_the_chaos_tools(load: Callable[..., ModuleType]) -> None:
     """The chaos run's visibility and time limit leave room for every chaos tool's retry."""
     from tests.reliability.chaos import TIME_LIMIT, VISIBILITY_TIMEOUT
+
+    load("celeryconfig")  # chaos_app reads it at import; the fixture forgets it afterwards
     from tests.reliability.chaos_app import tools
 
     conf = {

@@ -37,7 +37,8 @@ def test_a_run_that_ended_says_how(state: RunState) -> None:
 @pytest.fixture
 def saga() -> Iterator[Saga]:
     """A Saga whose Redis is never reached (its answers are stubbed per test)."""
-    made = Saga(Celery("refusals"), ToolRegistry(), Settings(redis_url="redis://127.0.0.1:1/0"))
+    settings = Settings(redis_url="redis://127.0.0.1:1/0")
+    made = Saga(Celery("refusals", set_as_current=False), ToolRegistry(), settings)
     yield made
     made.store.client.close()
 

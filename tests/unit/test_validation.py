@@ -135,7 +135,7 @@ class CreateSpy:
 def saga() -> Iterator[Saga]:
     """A Saga whose Redis is never reached: ``store.create`` is a spy."""
     settings = Settings(redis_url="redis://127.0.0.1:1/0", run_deadline_seconds=900)
-    made = Saga(Celery("validation"), ToolRegistry(), settings)
+    made = Saga(Celery("validation", set_as_current=False), ToolRegistry(), settings)
     made.store.create = CreateSpy()  # type: ignore[method-assign]
     yield made
     made.store.client.close()
