@@ -14,9 +14,13 @@ from saga.errors import (
     FaultInjectionDisabledError,
     InjectedFaultError,
     InvalidArgumentsError,
+    InvalidRunIdError,
+    InvalidRunOptionError,
     NonRetryableToolError,
+    NothingToRequeueError,
     PayloadError,
     RunEndedError,
+    RunExistsError,
     SagaError,
     StepFailedError,
     StepInDoubtError,
@@ -24,13 +28,14 @@ from saga.errors import (
     StepSkippedError,
     StoreUnavailableError,
     ToolDefinitionError,
+    ToolNotOfferedError,
     UnknownRunError,
     UnknownToolError,
     WaitTimeoutError,
 )
 from saga.hooks import SagaHooks
 from saga.model import CompensationState, RunState, StepContext, StepState, ToolClass, Undo
-from saga.picture import RunPicture
+from saga.picture import CompensationRecord, RunPicture, StepRecord
 from saga.reaper import ReapReport
 from saga.records import EscalationRecord, RecordStore, RunRecord
 from saga.retry import RetryPolicy
@@ -53,6 +58,7 @@ __all__ = [
     "Settings",
     "StepHandle",
     # What a run looks like
+    "CompensationRecord",
     "CompensationState",
     "EscalationRecord",
     "RecordStore",
@@ -60,6 +66,7 @@ __all__ = [
     "RunPicture",
     "RunRecord",
     "RunState",
+    "StepRecord",
     "StepState",
     # Errors
     "CallRefusedError",
@@ -69,9 +76,13 @@ __all__ = [
     "FaultInjectionDisabledError",
     "InjectedFaultError",
     "InvalidArgumentsError",
+    "InvalidRunIdError",
+    "InvalidRunOptionError",
     "NonRetryableToolError",
+    "NothingToRequeueError",
     "PayloadError",
     "RunEndedError",
+    "RunExistsError",
     "SagaError",
     "StepFailedError",
     "StepInDoubtError",
@@ -79,6 +90,7 @@ __all__ = [
     "StepsInFlightError",
     "StoreUnavailableError",
     "ToolDefinitionError",
+    "ToolNotOfferedError",
     "UnknownRunError",
     "UnknownToolError",
     "WaitTimeoutError",

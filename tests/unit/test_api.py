@@ -35,6 +35,7 @@ EXPORTED = [
     "Settings",
     "StepHandle",
     # What a run looks like
+    "CompensationRecord",
     "CompensationState",
     "EscalationRecord",
     "RecordStore",
@@ -42,6 +43,7 @@ EXPORTED = [
     "RunPicture",
     "RunRecord",
     "RunState",
+    "StepRecord",
     "StepState",
     # Errors
     "CallRefusedError",
@@ -51,9 +53,13 @@ EXPORTED = [
     "FaultInjectionDisabledError",
     "InjectedFaultError",
     "InvalidArgumentsError",
+    "InvalidRunIdError",
+    "InvalidRunOptionError",
     "NonRetryableToolError",
+    "NothingToRequeueError",
     "PayloadError",
     "RunEndedError",
+    "RunExistsError",
     "SagaError",
     "StepFailedError",
     "StepInDoubtError",
@@ -61,6 +67,7 @@ EXPORTED = [
     "StepsInFlightError",
     "StoreUnavailableError",
     "ToolDefinitionError",
+    "ToolNotOfferedError",
     "UnknownRunError",
     "UnknownToolError",
     "WaitTimeoutError",
@@ -106,7 +113,7 @@ def test_errors_module_is_found() -> None:
     names = {cls.__name__ for cls in ERROR_CLASSES}
     exported_errors = {n for n in EXPORTED if n.endswith("Error")}
     assert exported_errors <= names
-    assert len(exported_errors) == 20
+    assert len(exported_errors) == 25
 
 
 @pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)
