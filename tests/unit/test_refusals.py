@@ -11,7 +11,6 @@ from celery import Celery
 from saga import Saga, Settings, ToolRegistry
 from saga.errors import NothingToRequeueError, RunEndedError, SagaError
 from saga.model import RunState
-from saga.stack import Outcome
 
 
 def test_a_run_still_unwinding_is_not_said_to_have_ended() -> None:
@@ -48,6 +47,10 @@ def test_requeue_with_nothing_failed_raises_its_own_error(
 ) -> None:
     """A run with no failed compensation gives NothingToRequeueError, not a bare SagaError."""
     monkeypatch.setattr(saga.store, "requeue", lambda run_id: Outcome("ended", ("completed",)))
+    head = RunHead(RunState.COMPLETED, updated=0.0, deadline=60.0, recorded=True, ended=1.0)
+    monkeypatch.setattr(saga.store, "head", lambda run_id: head)
+    monkeypatch.setattr(saga.store, "now", lambda: 0.0)
+    monkeypatch.setattr(saga.store, "schedule", lambda run_id, at: None)
 
     with pytest.raises(NothingToRequeueError) as refused:
         saga.requeue_failed_compensations("r1")
