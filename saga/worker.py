@@ -76,9 +76,7 @@ def install(app: Celery, saga: Saga) -> None:
 
     def refuse_unsafe_configuration(sender: Any = None, **_: Any) -> None:
         try:
-            problems = configuration_problems(
-                app.conf, _delays(saga), [saga.store.client]
-            )
+            problems = configuration_problems(app.conf, _delays(saga), [saga.store.client])
         except Exception as exc:  # a guard that cannot look must not wave the worker through
             problems = [f"the configuration could not be checked: {exc!r}"]
         if faults_enabled():

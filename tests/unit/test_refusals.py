@@ -11,6 +11,7 @@ from celery import Celery
 from saga import Saga, Settings, ToolRegistry
 from saga.errors import NothingToRequeueError, RunEndedError, SagaError
 from saga.model import RunState
+from saga.stack import Outcome, RunHead
 
 
 def test_a_run_still_unwinding_is_not_said_to_have_ended() -> None:
