@@ -107,7 +107,7 @@ def reconcile(saga: Saga, run_id: str, step: int) -> str:
 def reap(saga: Saga, now: float | None = None) -> ReapReport:
     """One pass over the runs that are due; ``now`` (Redis clock) lets a test look ahead."""
     report = ReapReport()
-    now = saga.store.now() if now is None else now
+    now = saga.store.now(exact=True) if now is None else now
     for run_id, due in saga.store.due_runs(now):
         report.examined += 1
         try:
