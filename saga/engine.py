@@ -221,18 +221,19 @@ class Saga:
         if outcome.owns_unwind:
             self.start_unwind(run_id, "abort")
 
-    def start_unwind(self, run_id: str, owner: str) -> None:
+    def start_unwind(self, run_id: str, owner: str) -> bool:
         """Queue the compensations still to run, most recent first, as one Celery chain ending
         in ``saga.conclude_unwind``; past the pivot, conclude at once (escalate, no unwinding).
 
         Only the owner of the unwind calls this. It sends first and marks sent after, so a
         crash in between makes the redelivered owner send again (the compensations check
-        their recorded state and lease before running), never zero times.
+        their recorded state and lease before running), never zero times. False when the
+        broker refused the chain (logged; the reaper sends it at the run's deadline).
         """
         picture = self.picture(run_id)
         if picture.pivot_step is not None:
             self.conclude(run_id, owner)
-            return
+            return True
         to_run = {
             c.step
             for c in picture.compensations
@@ -263,9 +264,18 @@ class Saga:
                 CONCLUDE_UNWIND_TASK, kwargs={"run_id": run_id, "owner": owner}, immutable=True
             )
         )
-        chain(*signatures).apply_async()
+        try:
+            chain(*signatures).apply_async()
+        except Exception as exc:
+            # Nothing is lost: the run stays unwinding, owned and not sent, so the reaper
+            # takes it over at its deadline and sends it again.
+            logger.error(
+                "run %s: the broker did not take its unwind (%r); the reaper will", run_id, exc
+            )
+            return False
         self.store.mark_sent(run_id, owner)
         logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
+        return True
 
     def _unrunnable(self, entry: dict[str, Any]) -> str:
         """Why an undo on the stack cannot be sent (broken when pushed, or its tool is gone
@@ -361,7 +371,11 @@ class Saga:
                 f"run {run_id} is {outcome.values[0]} and has no failed compensation to requeue"
             )
         owner, count = str(outcome.values[0]), int(outcome.values[1])
-        self.start_unwind(run_id, owner)
+        if not self.start_unwind(run_id, owner):
+            raise DispatchError(
+                f"run {run_id} is requeued, but the broker did not take its unwind: the reaper "
+                "sends it at the run's deadline (nothing to do again)"
+            )
         return count
 
     def encode_effect(
