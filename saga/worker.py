@@ -392,7 +392,12 @@ def _continue_chain(task: Task) -> None:
     """
     remaining = list(task.request.chain or [])
     task.request.chain = None
-    _send_rest(task.app, remaining, task.request.id, task.request.root_id)
+    try:
+        _send_rest(task.app, remaining, task.request.id, task.request.root_id)
+    except Exception:
+        # The failure is recorded; the run stays unwinding and the reaper takes the unwind
+        # over at its deadline. The task still fails with the compensation's own error.
+        logger.exception("run %s: the rest of the unwind could not be sent", task.request.id)
 
 
 def _send_rest(app: Celery, remaining: list[Any], parent_id: Any, root_id: Any) -> None:

@@ -1,0 +1,32 @@
+"""The stateful model check (``tests.reliability.modelcheck``), bounded for the test suite.
+
+A fixed number of derandomized examples (the same ones on every run, so a failure here is a
+regression, not bad luck) against a private ``redis-server`` this test starts and stops; no
+Celery worker. Any violation fails the test with Hypothesis's shrunk program of rules.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.conftest import service_missing
+
+#: 250 examples of at most 35 rules take about 20 s on two cores when nothing fails (a
+#: failure adds its shrinking: typically under a minute).
+EXAMPLES = 250
+STEPS = 35
+
+
+@pytest.mark.timeout(300)
+def test_model_check_finds_no_violation() -> None:
+    if shutil.which("redis-server") is None:
+        service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from tests.reliability import modelcheck
+
+    settings = modelcheck.profile(EXAMPLES, STEPS, derandomize=True)
+    with modelcheck.quiet_logs(), modelcheck.running():
+        run_state_machine_as_test(modelcheck.ModelCheck, settings=settings)
