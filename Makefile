@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 RUNS ?=
 SEED ?= 1
 
-.PHONY: install demo test lint bench chaos worker beat flower clean
+.PHONY: install demo test lint bench chaos modelcheck worker beat flower clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ bench: $(INSTALLED)
 # The randomised chaos run alone (it starts its own redis-server and two workers).
 chaos: $(INSTALLED)
 	$(BIN)/python -m tests.reliability.chaos --runs $(or $(RUNS),200) --seed $(SEED)
+
+# The model check of the engine's state machines, long profile (it starts its own
+# redis-server): make modelcheck EXAMPLES=N SEED=S (default 20000, 1).
+EXAMPLES ?= 20000
+modelcheck: $(INSTALLED)
+	$(BIN)/python -m tests.reliability.modelcheck --examples $(EXAMPLES) --seed $(SEED)
 
 worker: $(INSTALLED)
 	$(BIN)/celery -A tasks.app worker -E --loglevel INFO
