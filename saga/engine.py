@@ -212,14 +212,20 @@ class Saga:
         self._record_or_leave_to_reaper(run_id)
         return self.picture(run_id)
 
-    def abort(self, run_id: str, reason: str) -> None:
-        outcome = self.store.abort(run_id, f"aborted: {reason}")
+    def abort(self, run_id: str, reason: str, *, version: str = "") -> bool:
+        """Unwind the run (or escalate, past its pivot). ``version``: only if the run has not
+        moved on since it was read at that version (the reaper's stale-read fence); False
+        when it had."""
+        outcome = self.store.abort(run_id, f"aborted: {reason}", version)
+        if outcome.status == "moved":
+            return False
         if outcome.status == "unknown":
             raise UnknownRunError(f"no run {run_id}")
         if outcome.status == "ended":
             raise RunEndedError(run_id, str(outcome.values[0]))
         if outcome.owns_unwind:
             self.start_unwind(run_id, "abort")
+        return True
 
     def start_unwind(self, run_id: str, owner: str) -> bool:
         """Queue the compensations still to run, most recent first, as one Celery chain ending

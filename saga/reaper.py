@@ -190,8 +190,8 @@ def _resolve(saga: Saga, picture: RunPicture, now: float, report: ReapReport) ->
         return
     if picture.state is RunState.RUNNING:
         try:
-            saga.abort(run_id, f"abandoned: no progress for {idle}s")
-            report.abandoned.append(run_id)
+            if saga.abort(run_id, f"abandoned: no progress for {idle}s", version=picture.version):
+                report.abandoned.append(run_id)
         except RunEndedError:
             pass
     elif picture.state is RunState.UNWINDING:

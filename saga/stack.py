@@ -290,8 +290,9 @@ class RunStore:
     def take_over(self, run_id: str, version: str, owner: str) -> bool:
         return self._call("take_over", run_id, version, owner).status == "ok"
 
-    def abort(self, run_id: str, reason: str) -> Outcome:
-        return self._call("abort", run_id, reason)
+    def abort(self, run_id: str, reason: str, version: str = "") -> Outcome:
+        """``version``: abort only if the run is still at it (``moved`` otherwise)."""
+        return self._call("abort", run_id, reason, version)
 
     def mark_sent(self, run_id: str, owner: str) -> bool:
         return self._call("mark_sent", run_id, owner).status == "1"

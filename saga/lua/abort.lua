@@ -1,4 +1,5 @@
--- ARGV: reason
+-- ARGV: reason, expected_version ('' to skip: the reaper passes the version it judged the
+--       run idle at, so a run that moved on since is not aborted on a stale reading)
 local state = redis.call('HGET', RUN, 'state')
 if not state then return {'unknown'} end
 local to = move('run', state, 'abort')
@@ -8,6 +9,9 @@ if not to then
     return {'ok', still_mine('abort')}
   end
   return {'ended', state}
+end
+if ARGV[2] and ARGV[2] ~= '' and redis.call('HGET', RUN, 'version') ~= ARGV[2] then
+  return {'moved'}
 end
 redis.call('HSET', RUN, 'state', to, 'reason', ARGV[1])
 bump()

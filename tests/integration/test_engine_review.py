@@ -488,3 +488,17 @@ def test_a_terminate_revoke_waits_for_the_lease_before_asking_the_lookup(h: Harn
     assert report.in_doubt == [(run_id, step, "happened")]
     assert h.saga.picture(run_id).state is RunState.COMPENSATED
     assert h.world.reversals == [f"{run_id}:{step}:undo"]
+
+
+def test_the_reaper_does_not_abandon_a_run_that_moved_on_since_it_read_it(h: Harness) -> None:
+    """Found by the model check: a reaper pass that read an idle run, then a call arrives;
+    its abort on the stale reading is refused (version fence) and the call goes on."""
+    run_id = h.start(deadline=1)
+    stale = h.saga.picture(run_id)
+    step = credit_step(h, run_id)
+    report = ReapReport()
+    _resolve(h.saga, stale, h.saga.store.now() + 10, report)
+    assert report.abandoned == []
+    h.drain()
+    picture = h.saga.picture(run_id)
+    assert (picture.state, picture.step(step).state) == (RunState.RUNNING, StepState.SUCCEEDED)
