@@ -48,6 +48,13 @@ broker_transport_options = {
 result_backend_transport_options = broker_transport_options
 result_expires = 24 * 3600
 
+# Agent turns wait on a model: they run on their own queue, served by a threads pool
+# (`celery -A tasks.app worker -P threads -c 50 -Q saga.turns`), never in a prefork slot.
+task_routes = {
+    "saga.agent_turn": {"queue": "saga.turns"},
+    "saga.start_unwind": {"queue": "saga.turns"},
+}
+
 worker_send_task_events = True
 # Flower sees every task from the worker's events (received, started, succeeded, failed...).
 # The extra "sent" event would double every publish from the agent's process.

@@ -31,7 +31,7 @@ from saga.stack import RunPicture
 from saga.testing import WorkerProcess
 from tasks import systems
 from tests.integration.helpers import CREDIT, EMAIL, ORDER, TICKET, demo_steps, wait_until
-from tests.reliability.conftest import TIME_LIMIT, VISIBILITY_TIMEOUT, Private
+from tests.reliability.conftest import VISIBILITY_TIMEOUT, Private
 
 pytestmark = pytest.mark.timeout(120)
 
