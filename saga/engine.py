@@ -83,8 +83,11 @@ class Saga:
         self.faults: Faults | None = None
         if faults_enabled():
             self.faults = Faults(self.store.client)
-        #: Told when steps settle and when the reaper finds a run idle (the hosted loop).
-        self.listeners: list[RunListener] = []
+        from saga.agents.hosted import HostedLoop
+
+        #: Told when steps settle and when the reaper finds a run idle. The hosted loop is
+        #: always one: any worker with the tools moves a hosted run on, agents declared or not.
+        self.listeners: list[RunListener] = [HostedLoop(self)]
         self._agents: AgentRegistry | None = None
         install(app, self)
 
@@ -100,13 +103,11 @@ class Saga:
 
     @property
     def agents(self) -> AgentRegistry:
-        """The agents this app hosts, by name; the first one declared starts the loop."""
+        """The agents this app hosts, by name (its turn workers must declare them)."""
         from saga.agents.agent import AgentRegistry
-        from saga.agents.hosted import HostedLoop
 
         if self._agents is None:
             self._agents = AgentRegistry(self.registry)
-            self.listeners.append(HostedLoop(self))
         return self._agents
 
     def agent(self, name: str, policy: Policy, **options: Any) -> Agent:

@@ -58,7 +58,7 @@ class Limits:
     #: Model tokens (input and output, summed over the turns); None: no budget.
     token_budget: int | None = None
     #: What reaching the turn, tool call or token limit does (too many refusals always unwinds).
-    on_limit: OnLimit = OnLimit.UNWIND
+    on_limit: OnLimit | str = OnLimit.UNWIND
 
     def __post_init__(self) -> None:
         numbers = {
@@ -70,7 +70,7 @@ class Limits:
         bad = sorted(name for name, value in numbers.items() if value < 1)
         if bad:
             raise ToolDefinitionError(f"agent limits must be at least 1: {', '.join(bad)}")
-        OnLimit(self.on_limit)
+        object.__setattr__(self, "on_limit", OnLimit(self.on_limit))  # "finish" works too
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,9 @@ class Agent:
     @property
     def tool_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tools)
+
+    def __repr__(self) -> str:
+        return f"Agent({self.name!r}, tools={list(self.tool_names)}, {self.limits})"
 
 
 class AgentRegistry:

@@ -154,7 +154,7 @@ def _ask(
 
 def _limit_reached(
     agent: Agent, state: LoopState, turn: int, payload_limit: int
-) -> tuple[OnLimit, str] | None:
+) -> tuple[OnLimit | str, str] | None:
     limits = agent.limits
     refusals = consecutive_refusals(state, turn)
     if refusals > limits.max_consecutive_refusals:
@@ -252,14 +252,14 @@ def advance_if_settled(saga: Saga, run_id: str, turn: int) -> None:
         send_turn(saga.app, run_id, turn + 1)
 
 
-def _end(saga: Saga, run_id: str, turn: int, how: OnLimit, why: str) -> None:
+def _end(saga: Saga, run_id: str, turn: int, how: OnLimit | str, why: str) -> None:
     """Stop the loop: complete the run, or abort it (unwind, or escalate past the pivot)."""
     turns = TurnStore(saga.store, saga.settings.max_payload_bytes)
     turns.mark_ended(run_id, why)
     turns.mark_advanced(run_id, turn, why)
-    logger.info("run %s: the loop ends at turn %d (%s): %s", run_id, turn, how.value, why)
+    logger.info("run %s: the loop ends at turn %d (%s): %s", run_id, turn, how, why)
     try:
-        if how is OnLimit.FINISH:
+        if how == OnLimit.FINISH:
             try:
                 saga.complete(run_id)
                 return

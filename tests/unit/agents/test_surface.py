@@ -138,7 +138,6 @@ def test_saga_agents_needs_no_celery() -> None:
         assert _CELERY_IMPORT.findall(_runtime_source(path)) == [], path.name
 
 
-
 def test_the_regex_would_notice_an_sdk_import() -> None:
     assert _SDK_IMPORT.search("def f():\n    import openai\n")
     assert _SDK_IMPORT.search("from anthropic.types import Message\n")
