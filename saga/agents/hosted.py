@@ -124,7 +124,7 @@ def _ask(
                 logger.error("run %s: turn %d started before turn %d settled", run_id, turn, k)
                 return None
             state.results[k] = turns.freeze_results(run_id, k, results)
-    ended = _limit_reached(agent, state, turn, saga.settings.max_payload_bytes)
+    ended = _limit_reached(agent, state, turn, saga.settings.max_transcript_bytes)
     if ended is not None:
         how, why = ended
         _end(saga, run_id, turn, how, why)
@@ -153,8 +153,9 @@ def _ask(
 
 
 def _limit_reached(
-    agent: Agent, state: LoopState, turn: int, payload_limit: int
+    agent: Agent, state: LoopState, turn: int, transcript_limit: int
 ) -> tuple[OnLimit | str, str] | None:
+    """Checked before each model call: the turn before has settled, so finishing is possible."""
     limits = agent.limits
     refusals = consecutive_refusals(state, turn)
     if refusals > limits.max_consecutive_refusals:
@@ -164,8 +165,8 @@ def _limit_reached(
     if limits.token_budget is not None and state.usage.total_tokens >= limits.token_budget:
         used = state.usage.total_tokens
         return limits.on_limit, f"token budget: {used} of {limits.token_budget} used"
-    if state.size > 16 * payload_limit:
-        return limits.on_limit, f"transcript limit: {state.size} bytes"
+    if state.size > transcript_limit:
+        return limits.on_limit, f"transcript limit: {state.size} of {transcript_limit} bytes"
     return None
 
 

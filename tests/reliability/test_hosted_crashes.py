@@ -16,10 +16,15 @@ from typing import Any
 
 import pytest
 
+from saga import rules
+from saga.agents import ScriptedPolicy, Transcript
+from saga.agents.turn_state import TurnStore
 from saga.client import Client, RunStatus
 from saga.constants import TURN_QUEUE, agent_key, step_idempotency_key
+from saga.model import ToolClass
 from saga.testing import WorkerProcess
 from tasks import systems
+from tasks.agents import CREDIT, GET_ORDER, TICKET_STATUS
 from tests.integration.helpers import wait_until
 from tests.reliability.conftest import VISIBILITY_TIMEOUT, Private
 
@@ -72,12 +77,12 @@ def asked_per_turn(client: Client, run_id: str) -> dict[int, int]:
     return {int(k.split(":")[0]): int(v) for k, v in fields.items() if k.endswith(":asked")}
 
 
-def check_once_each(client: Client, run_id: str) -> None:
+def check_once_each(client: Client, run_id: str, turns: tuple[int, ...] = (1, 2, 3)) -> None:
     """The model was asked once per turn; every call got one step, and every effect exists
     once in the systems."""
     status = client.get_run(run_id)
-    assert asked_per_turn(client, run_id) == {1: 1, 2: 1, 3: 1}
-    assert status.model_calls == 3
+    assert asked_per_turn(client, run_id) == dict.fromkeys(turns, 1)
+    assert status.model_calls == len(turns)
     assert [s["tool"] for s in status.steps] == TOOLS
     assert [s["call"] for s in status.steps] == ["1:0", "1:1", "1:2", "2:0"]
     assert all(s["state"] == "succeeded" and s["attempts"] == 1 for s in status.steps)
@@ -126,6 +131,30 @@ def test_kill_between_the_second_and_third_dispatch_skips_none_and_repeats_none(
 
     # Then call 3 was dispatched once, calls 1 and 2 not again, and the model asked once a turn
     check_once_each(client, run_id)
+
+
+def test_a_call_reserved_but_never_sent_is_sent_once_on_resume(
+    env: Private, client: Client
+) -> None:
+    # Given what a turn that died between the reserve script and the publish leaves behind:
+    # turn 1's answer recorded, its first call reserved under its marker, no message sent
+    run_id = client.enqueue_run("parallel", "Refund order 4921.")
+    transcript = Transcript()
+    transcript.add_user("Refund order 4921.")
+    answer = ScriptedPolicy([[GET_ORDER, CREDIT, TICKET_STATUS]])(transcript, ())
+    TurnStore(env.saga.store, 1 << 20).record_answer(run_id, 1, answer)
+    gate = rules.gate_for(ToolClass.READ)
+    reserved = env.saga.store.reserve(
+        run_id, "get_order", ToolClass.READ, '{"order_id":4921}', gate, marker="1:0"
+    )
+    assert reserved.status == "ok"
+
+    # When a turn worker takes turn 1's message
+    turn_worker(env)
+    completed(client, run_id, 30)
+
+    # Then the reserved call ran once, the other two were dispatched once, turn 1 was not asked
+    check_once_each(client, run_id, turns=(2, 3))
 
 
 def test_a_lost_turn_is_sent_again_by_the_reaper(env: Private, client: Client) -> None:
