@@ -70,9 +70,7 @@ class Settings:
             database_url=env.get("SAGA_DATABASE_URL") or DEFAULT_DATABASE_URL,
             retention_seconds=_env_int("SAGA_RETENTION_SECONDS", cls.retention_seconds),
             max_payload_bytes=_env_int("SAGA_MAX_PAYLOAD_BYTES", cls.max_payload_bytes),
-            max_transcript_bytes=_env_int(
-                "SAGA_MAX_TRANSCRIPT_BYTES", cls.max_transcript_bytes
-            ),
+            max_transcript_bytes=_env_int("SAGA_MAX_TRANSCRIPT_BYTES", cls.max_transcript_bytes),
             wait_timeout=float(_env_int("SAGA_WAIT_TIMEOUT", int(cls.wait_timeout))),
             store_outage_patience=float(
                 _env_int("SAGA_STORE_OUTAGE_PATIENCE", int(cls.store_outage_patience))
