@@ -129,6 +129,11 @@ def _ask(
         how, why = ended
         _end(saga, run_id, turn, how, why)
         return None
+    most = agent.model_retry.attempts + saga.settings.max_redeliveries
+    if state.asked.get(turn, 0) >= most:  # every delivery died or failed asking: stop looping
+        why = f"turn {turn} was asked {state.asked[turn]} times without an answer"
+        _end(saga, run_id, turn, OnLimit.UNWIND, why)
+        return None
     if not turns.take_lease(run_id, turn, saga.lease_seconds):
         return _LEASE_WAIT
     try:

@@ -25,7 +25,7 @@ from saga.model import StepState
 from saga.picture import RunPicture, StepRecord
 from saga.stack import RunStore
 
-_TURN_FIELD = re.compile(r"^(\d+):(answer|results|advanced)$")
+_TURN_FIELD = re.compile(r"^(\d+):(answer|results|advanced|asked)$")
 _REFUSED_FIELD = re.compile(r"^(\d+):(\d+):refused$")
 
 
@@ -39,6 +39,8 @@ class LoopState:
     results: dict[int, tuple[ToolResult, ...]] = field(default_factory=dict)
     refused: dict[tuple[int, int], str] = field(default_factory=dict)
     advanced: dict[int, str] = field(default_factory=dict)
+    #: Policy calls per turn (more than one only after a retryable error or a crash).
+    asked: dict[int, int] = field(default_factory=dict)
     model_calls: int = 0
     usage: Usage = field(default_factory=Usage)
     size: int = 0
@@ -53,6 +55,7 @@ class LoopState:
         answers: dict[int, ModelTurn] = {}
         results: dict[int, tuple[ToolResult, ...]] = {}
         advanced: dict[int, str] = {}
+        asked: dict[int, int] = {}
         refused: dict[tuple[int, int], str] = {}
         for name, value in fields.items():
             if match := _TURN_FIELD.match(name):
@@ -61,6 +64,8 @@ class LoopState:
                     answers[turn] = ModelTurn.from_dict(json.loads(value))
                 elif kind == "results":
                     results[turn] = tuple(ToolResult.from_dict(r) for r in json.loads(value))
+                elif kind == "asked":
+                    asked[turn] = int(value)
                 else:
                     advanced[turn] = value
             elif match := _REFUSED_FIELD.match(name):
@@ -72,6 +77,7 @@ class LoopState:
             results=results,
             refused=refused,
             advanced=advanced,
+            asked=asked,
             model_calls=int(fields.get("model_calls") or 0),
             usage=Usage(int(fields.get("tokens_in") or 0), int(fields.get("tokens_out") or 0)),
             size=int(fields.get("bytes") or 0),
