@@ -11,22 +11,33 @@ from __future__ import annotations
 import functools
 import os
 import ssl
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from celery import Celery
 
 from saga.agents.launch import enqueue_run as _enqueue_run
+from saga.agents.launch import send_turn
 from saga.agents.turn_state import LoopState, document
 from saga.constants import ACTIVE_RUNS_KEY, START_UNWIND_TASK, TURN_QUEUE, agent_key, run_keys
-from saga.errors import RunEndedError, UnknownRunError
+from saga.errors import ApprovalError, RunEndedError, UnknownRunError
 from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
 from saga.rules import not_undone
 from saga.settings import Settings
 from saga.stack import RunStore
 
-__all__ = ["Client", "RunStatus", "RunSummary", "abort_run", "enqueue_run", "get_run", "list_runs"]
+__all__ = [
+    "Client",
+    "RunStatus",
+    "RunSummary",
+    "abort_run",
+    "approve",
+    "deny",
+    "enqueue_run",
+    "get_run",
+    "list_runs",
+]
 
 
 @dataclass(frozen=True)
@@ -50,9 +61,15 @@ class RunStatus:
     ended: str = ""
     input: str = ""
     final_text: str = ""
+    #: Calls waiting for a person (``approve`` / ``deny`` them by ``id``, with ``args_hash``).
+    pending_approvals: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def awaiting_approval(self) -> bool:
+        return self.state == "running" and bool(self.pending_approvals)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "awaiting_approval": self.awaiting_approval}
 
 
 @dataclass(frozen=True)
@@ -132,6 +149,30 @@ class Client:
         found.sort(key=lambda r: r.created, reverse=True)
         return found[:limit]
 
+    def approve(self, run_id: str, approval_id: str, *, args_hash: str, by: str) -> None:
+        """Let the call ``approval_id`` (``<turn>:<call>``) go out, as shown: ``args_hash`` is
+        the hash of the arguments the person saw. Single use; expires with the run."""
+        self._decide(run_id, approval_id, "approved", by, "", args_hash)
+
+    def deny(self, run_id: str, approval_id: str, reason: str, *, args_hash: str, by: str) -> None:
+        """Refuse the call; the model is told ``reason`` and goes on."""
+        self._decide(run_id, approval_id, "denied", by, reason, args_hash)
+
+    def _decide(
+        self, run_id: str, marker: str, verdict: str, by: str, reason: str, args_hash: str
+    ) -> None:
+        outcome = self.store.decide_approval(run_id, marker, verdict, by, reason, args_hash)
+        if outcome.status != "ok":
+            why = {
+                "unknown": "no call awaits approval under this id",
+                "decided": "it was decided already",
+                "ended": "the run is no longer running",
+                "mismatch": "the arguments are not the ones awaiting approval",
+                "expired": "the request expired with the run's deadline",
+            }.get(outcome.status, outcome.status)
+            raise ApprovalError(f"run {run_id}, call {marker}: {why}")
+        send_turn(self.app, run_id, int(marker.split(":")[0]))  # the turn goes on
+
     def abort_run(self, run_id: str, reason: str = "aborted by the user") -> None:
         """Stop the run now: no more turns; the workers unwind what it did (or escalate past
         its pivot) once its steps in flight settle."""
@@ -183,6 +224,7 @@ def status_of(picture: RunPicture) -> RunStatus:
         ended=str(hosted.get("ended", "")),
         input=str(hosted.get("input", "")),
         final_text=final,
+        pending_approvals=list(hosted.get("pending_approvals", [])),
     )
 
 
@@ -206,3 +248,11 @@ def list_runs(agent: str | None = None, limit: int = 50) -> list[RunSummary]:
 
 def abort_run(run_id: str, reason: str = "aborted by the user") -> None:
     default_client().abort_run(run_id, reason)
+
+
+def approve(run_id: str, approval_id: str, *, args_hash: str, by: str) -> None:
+    default_client().approve(run_id, approval_id, args_hash=args_hash, by=by)
+
+
+def deny(run_id: str, approval_id: str, reason: str, *, args_hash: str, by: str) -> None:
+    default_client().deny(run_id, approval_id, reason, args_hash=args_hash, by=by)

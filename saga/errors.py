@@ -159,5 +159,9 @@ class UnknownAgentError(SagaError):
     """No agent of this name is declared on this app (a typo, or a worker on an old deploy)."""
 
 
+class ApprovalError(SagaError):
+    """A decision on a call awaiting approval was refused: unknown, decided, stale or expired."""
+
+
 class ConversationError(SagaError):
     """Tool results do not answer the model's pending calls, so no model would accept the turn."""

@@ -59,6 +59,7 @@ _SCRIPTS = (
     "resolve_in_doubt",
     "take_over",
     "record_answer",
+    "decide_approval",
 )
 
 #: Answers of the scripts that mean "this transition is not in the table" (saga/machine.py).
@@ -348,6 +349,13 @@ class RunStore:
         """A hosted turn's model answer, first writer wins: ``ok`` or ``dup``, each with the
         answer as recorded; ``unknown`` for a run with no agent."""
         return self._call("record_answer", run_id, turn, answer_json, input_tokens, output_tokens)
+
+    def decide_approval(
+        self, run_id: str, marker: str, verdict: str, by: str, reason: str, args_hash: str
+    ) -> Outcome:
+        """A person's decision on a hosted call awaiting approval: ``ok``, or ``unknown`` /
+        ``decided`` / ``ended`` / ``mismatch`` (other arguments) / ``expired``."""
+        return self._call("decide_approval", run_id, marker, verdict, by, reason, args_hash)
 
     # -- reading --------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from saga.agents.model_errors import model_call_error
 from saga.agents.policies import Policy, ScriptedPolicy, ScriptStep, take_turn
 from saga.agents.schema import CLASS_SENTENCES, offered_tools
 from saga.agents.transcript import Transcript
-from saga.errors import ConversationError, ModelCallError, UnknownAgentError
+from saga.errors import ApprovalError, ConversationError, ModelCallError, UnknownAgentError
 
 __all__ = [
     # Offering tools
@@ -46,6 +46,7 @@ __all__ = [
     "OnFailure",
     "OnLimit",
     # Errors
+    "ApprovalError",
     "ConversationError",
     "ModelCallError",
     "UnknownAgentError",

@@ -84,8 +84,11 @@ class Agent:
     #: Per-tool overrides of the default (reads fed back, writes unwind).
     on_failure: Mapping[str, OnFailure] = field(default_factory=dict)
     model_retry: RetryPolicy = DEFAULT_MODEL_RETRY
-    #: Seconds without progress before the reaper resolves a run (None: the app's default).
+    #: Seconds without progress before the reaper resolves a run (None: the app's default);
+    #: a call awaiting approval expires after as long.
     deadline: int | None = None
+    #: Irreversible tools a person must approve, call by call, before they are dispatched.
+    approval: frozenset[str] = frozenset()
 
     def tool(self, name: str) -> Tool | None:
         """The tool ``name`` if this agent may call it."""
@@ -123,9 +126,10 @@ class AgentRegistry:
         on_failure: Mapping[str, OnFailure | str] | None = None,
         model_retry: RetryPolicy | None = None,
         deadline: int | None = None,
+        approval: Iterable[str] = (),
     ) -> Agent:
         """Declare ``name``: ``tools`` (default: every offered tool) must be registered and
-        offered; ``on_failure`` may only name those tools."""
+        offered; ``on_failure`` may only name those tools; ``approval`` only its class 5 ones."""
         if not isinstance(name, str) or not _NAME.match(name):
             raise ToolDefinitionError(f"agent name {name!r} must match {_NAME.pattern}")
         if name in self._agents:
@@ -147,6 +151,13 @@ class AgentRegistry:
             except ValueError:
                 known = ", ".join(m.value for m in OnFailure)
                 raise ToolDefinitionError(f"on_failure {mode!r}: use one of {known}") from None
+        classes = {t.name: t.tool_class for t in chosen}
+        for tool in approval:
+            if classes.get(tool) is not ToolClass.IRREVERSIBLE_WRITE:
+                raise ToolDefinitionError(
+                    f"approval of agent {name} names {tool!r}: only the irreversible (class 5) "
+                    "tools it may call can wait for a person"
+                )
         if deadline is not None and deadline < 1:
             raise ToolDefinitionError(f"the deadline of agent {name} must be at least 1 s")
         agent = Agent(
@@ -157,6 +168,7 @@ class AgentRegistry:
             on_failure=overrides,
             model_retry=model_retry or DEFAULT_MODEL_RETRY,
             deadline=deadline,
+            approval=frozenset(approval),
         )
         self._agents[name] = agent
         return agent

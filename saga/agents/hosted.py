@@ -27,6 +27,7 @@ from saga.agents.policies import take_turn
 from saga.agents.turn_state import (
     LoopState,
     TurnStore,
+    args_hash,
     call_steps,
     consecutive_refusals,
     transcript_until,
@@ -197,6 +198,13 @@ def _dispatch_calls(
             continue
         tool = agent.tool(call.name)
         assert tool is not None
+        if tool.name in agent.approval:
+            verdict = _approval(saga, turns, picture, state, turn, i, call)
+            if verdict is None:
+                continue  # waits for a person; deciding sends this turn again
+            if verdict:
+                turns.record_refusal(run_id, turn, i, verdict)
+                continue
         try:
             saga.dispatch(
                 run_id,
@@ -213,6 +221,33 @@ def _dispatch_calls(
             logger.warning("run %s turn %d: call %d not taken by the broker", run_id, turn, i)
         _strike(saga, "between_dispatches", call.name)
     return True
+
+
+def _approval(
+    saga: Saga,
+    turns: TurnStore,
+    picture: RunPicture,
+    state: LoopState,
+    turn: int,
+    i: int,
+    call: ToolCall,
+) -> str | None:
+    """For a call that needs a person: '' once approved (dispatch it), the refusal the model
+    is told (denied, expired), or None while it waits (asked now if not asked yet)."""
+    decision = state.decisions.get((turn, i))
+    if decision is not None:
+        if decision["verdict"] == "approved" and decision["args_hash"] == args_hash(call):
+            return ""
+        why = decision.get("reason") or "no reason given"
+        return f"a person ({decision.get('by') or 'unknown'}) declined {call.name}: {why}"
+    request = state.approvals.get((turn, i))
+    if request is None:
+        turns.request_approval(picture.run_id, turn, i, call)
+        logger.info("run %s turn %d: %s waits for approval", picture.run_id, turn, call.name)
+        return None
+    if saga.store.now() > float(request["requested_at"]) + picture.deadline:
+        return f"nobody approved {call.name} in time; the request expired"
+    return None
 
 
 def _class_of(agent: Agent, call: ToolCall) -> ToolClass | None:

@@ -11,6 +11,7 @@ is recorded by the dispatcher's own reserve script, in the steps hash (``call:<k
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from saga.picture import RunPicture, StepRecord
 from saga.stack import RunStore
 
 _TURN_FIELD = re.compile(r"^(\d+):(answer|results|advanced|asked)$")
-_REFUSED_FIELD = re.compile(r"^(\d+):(\d+):refused$")
+_CALL_FIELD = re.compile(r"^(\d+):(\d+):(refused|approval|decision)$")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class LoopState:
     advanced: dict[int, str] = field(default_factory=dict)
     #: Policy calls per turn (more than one only after a retryable error or a crash).
     asked: dict[int, int] = field(default_factory=dict)
+    #: Calls waiting for a person, and the decisions taken, by (turn, call).
+    approvals: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    decisions: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     model_calls: int = 0
     usage: Usage = field(default_factory=Usage)
     size: int = 0
@@ -57,6 +61,8 @@ class LoopState:
         advanced: dict[int, str] = {}
         asked: dict[int, int] = {}
         refused: dict[tuple[int, int], str] = {}
+        approvals: dict[tuple[int, int], dict[str, Any]] = {}
+        decisions: dict[tuple[int, int], dict[str, Any]] = {}
         for name, value in fields.items():
             if match := _TURN_FIELD.match(name):
                 turn, kind = int(match[1]), match[2]
@@ -68,8 +74,12 @@ class LoopState:
                     asked[turn] = int(value)
                 else:
                     advanced[turn] = value
-            elif match := _REFUSED_FIELD.match(name):
-                refused[(int(match[1]), int(match[2]))] = value
+            elif match := _CALL_FIELD.match(name):
+                where, kind = (int(match[1]), int(match[2])), match[3]
+                if kind == "refused":
+                    refused[where] = value
+                else:
+                    (approvals if kind == "approval" else decisions)[where] = json.loads(value)
         return cls(
             agent=fields["name"],
             input=fields.get("input", ""),
@@ -78,6 +88,8 @@ class LoopState:
             refused=refused,
             advanced=advanced,
             asked=asked,
+            approvals=approvals,
+            decisions=decisions,
             model_calls=int(fields.get("model_calls") or 0),
             usage=Usage(int(fields.get("tokens_in") or 0), int(fields.get("tokens_out") or 0)),
             size=int(fields.get("bytes") or 0),
@@ -89,6 +101,21 @@ class LoopState:
     def current_turn(self) -> int:
         """The first turn not done yet."""
         return max(self.advanced, default=0) + 1
+
+    def pending_approvals(self) -> list[dict[str, Any]]:
+        """Calls of the current turn that wait for a person's decision."""
+        turn = self.current_turn
+        return [
+            {"id": call_marker(*where), **request}
+            for where, request in sorted(self.approvals.items())
+            if where[0] == turn and where not in self.decisions and where not in self.refused
+        ]
+
+
+def args_hash(call: ToolCall) -> str:
+    """What an approval is bound to: the tool and its exact arguments, canonically."""
+    text = json.dumps({"tool": call.name, "arguments": call.arguments}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def call_steps(picture: RunPicture) -> dict[str, StepRecord]:
@@ -197,6 +224,7 @@ def document(picture: RunPicture) -> dict[str, Any] | None:
         "agent": state.agent,
         "input": state.input,
         "turns": turns,
+        "pending_approvals": state.pending_approvals() if not picture.state.ended else [],
         "usage": dataclasses.asdict(state.usage),
         "model_calls": state.model_calls,
         "ended": state.ended,
@@ -242,6 +270,17 @@ class TurnStore:
 
     def release_lease(self, run_id: str, turn: int) -> None:
         self.client.delete(turn_lease_key(run_id, turn))
+
+    def request_approval(self, run_id: str, turn: int, call: int, tool_call: ToolCall) -> None:
+        """Ask a person: the exact call, its hash, and when (Redis clock) it was asked."""
+        request = {
+            "tool": tool_call.name,
+            "arguments": tool_call.arguments,
+            "args_hash": args_hash(tool_call),
+            "requested_at": self.store.now(),
+        }
+        text = payload.dumps(request, what="an approval request", limit=self.limit)
+        self.client.hsetnx(agent_key(run_id), f"{turn}:{call}:approval", text)
 
     def record_refusal(self, run_id: str, turn: int, call: int, message: str) -> None:
         self.client.hsetnx(agent_key(run_id), f"{turn}:{call}:refused", message[:2000])

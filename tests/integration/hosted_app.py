@@ -180,3 +180,16 @@ saga.agent(
     ScriptedPolicy([[REPLY], [CREDIT], "The reply went out; no credit."]),
     tools=WRITES,
 )
+
+
+def _after_the_person(results: tuple[Any, ...]) -> str:
+    said = results[0]
+    return f"Not sent: {said.content['error']}" if said.is_error else "Sent."
+
+
+saga.agent(
+    "approver",  # the reply waits for a person
+    ScriptedPolicy([[REPLY], _after_the_person]),
+    tools=WRITES,
+    approval=["send_reply"],
+)

@@ -5,6 +5,7 @@ only as a web app would (``saga.client``). Agents: ``tests/integration/hosted_ap
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from saga.client import Client, RunStatus
-from saga.errors import RunEndedError, SagaError, UnknownRunError
+from saga.errors import ApprovalError, RunEndedError, SagaError, UnknownRunError
 from saga.testing import WorkerProcess
 from tasks import systems
 from tests.conftest import ROOT
@@ -237,3 +238,61 @@ def test_openai_a_400_ends_the_run_and_unwinds_it(client: Client) -> None:
     assert "model call failed with HTTP 400" in status.ended
     assert status.model_calls == 2
     assert [e["kind"] for e in systems.ledger()] == ["credit", "reversal"]
+
+
+# -- approval of irreversible calls ------------------------------------------------------------
+
+
+def awaiting(client: Client, run_id: str) -> dict[str, Any]:
+    status: RunStatus = wait_until(
+        lambda: (s := client.get_run(run_id)).awaiting_approval and s, 20, "an approval request"
+    )
+    [pending] = status.pending_approvals
+    assert status.steps == [] and status.to_dict()["awaiting_approval"] is True
+    return pending
+
+
+def test_an_approved_reply_goes_out_once_and_the_approval_is_single_use(client: Client) -> None:
+    """The run waits with the exact arguments; only their hash approves them, once."""
+    run_id = client.enqueue_run("approver", "Tell Ada.")
+    pending = awaiting(client, run_id)
+    assert (pending["id"], pending["tool"]) == ("1:0", "send_reply")
+    assert pending["arguments"]["to"] == "ada@example.com"
+
+    with pytest.raises(ApprovalError, match="not the ones awaiting approval"):
+        client.approve(run_id, "1:0", args_hash="0" * 64, by="ops@acme")
+    client.approve(run_id, "1:0", args_hash=pending["args_hash"], by="ops@acme")
+    status = ended(client, run_id)
+
+    assert status.state == "completed" and status.final_text == "Sent."
+    assert len(systems.outbox()) == 1
+    with pytest.raises(ApprovalError):
+        client.approve(run_id, "1:0", args_hash=pending["args_hash"], by="ops@acme")
+
+
+def test_a_denied_reply_is_fed_back_to_the_model(client: Client) -> None:
+    """deny() is the model's result: nothing is sent and the run goes on."""
+    run_id = client.enqueue_run("approver", "Tell Ada.")
+    pending = awaiting(client, run_id)
+
+    client.deny(run_id, "1:0", "wrong tone", args_hash=pending["args_hash"], by="ops@acme")
+    status = ended(client, run_id)
+
+    assert status.state == "completed"
+    assert status.final_text == "Not sent: a person (ops@acme) declined send_reply: wrong tone"
+    assert systems.outbox() == []
+
+
+def test_a_pending_approval_expires_with_the_run_deadline(client: Client, saga: Any) -> None:
+    """Past the run's deadline the reaper wakes the turn, which tells the model it expired."""
+    run_id = client.enqueue_run("approver", "Tell Ada.", deadline=2)
+    pending = awaiting(client, run_id)
+    time.sleep(2.2)
+
+    with pytest.raises(ApprovalError, match="expired"):
+        client.approve(run_id, "1:0", args_hash=pending["args_hash"], by="late@acme")
+    assert run_id in saga.reap().resumed
+    status = ended(client, run_id)
+
+    assert status.final_text == "Not sent: nobody approved send_reply in time; the request expired"
+    assert systems.outbox() == []

@@ -47,6 +47,8 @@ def test_an_agent_is_offered_only_the_tools_it_names_in_that_order() -> None:
         ),
         ({"on_failure": {"get_order": "ignore"}}, ToolDefinitionError, "use one of"),
         ({"limits": None, "deadline": 0}, ToolDefinitionError, "deadline"),
+        ({"approval": ["issue_credit"]}, ToolDefinitionError, "only the irreversible"),
+        ({"approval": ["send_reply"], "tools": ["get_order"]}, ToolDefinitionError, "class 5"),
     ],
 )
 def test_a_bad_declaration_fails_loudly(

@@ -43,6 +43,7 @@ EXPORTED = [
     "OnFailure",
     "OnLimit",
     # Errors
+    "ApprovalError",
     "ConversationError",
     "ModelCallError",
     "UnknownAgentError",
