@@ -59,6 +59,7 @@ STEP_MOVES = _moves(
         ("fail", S.RUNNING, S.FAILED, (W,), "the tool failed for good; no effect"),
         ("fail", S.IN_DOUBT, S.FAILED, (W,), "the doubted delivery reports its failure"),
         ("reject", S.RUNNING, S.REJECTED, (W,), "refused by the tool, or a failure fed back"),
+        ("reject", S.IN_DOUBT, S.REJECTED, (W,), "the doubted delivery reports a refusal"),
         ("succeed", S.RUNNING, S.SUCCEEDED, (W,), "the effect happened and is recorded"),
         ("succeed", S.IN_DOUBT, S.SUCCEEDED, (W,), "the truth lands on a step in doubt"),
         ("succeed", S.FAILED, S.SUCCEEDED, (W,), "late: it was judged failed, yet landed"),

@@ -4,6 +4,8 @@ and the loop state read back from its Redis hash. No broker, no Redis."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from saga.errors import ToolDefinitionError, UnknownAgentError, UnknownToolError
 from saga.model import StepState, ToolClass
 from saga.picture import StepRecord
 from tasks.tools import tools
+from tests.conftest import ROOT
 
 POLICY = ScriptedPolicy(["done"])
 
@@ -206,3 +209,23 @@ def test_too_many_refusals_always_unwind() -> None:
         OnLimit.UNWIND,
         "3 refused or failed calls in a row",
     )
+
+
+def test_a_web_app_needs_no_tool_code_to_use_the_client() -> None:
+    """``saga.client`` imports no tools (no ``tasks``) and a Client needs only two URLs."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from saga.client import Client; "
+            "Client('redis://127.0.0.1:1/0', 'redis://127.0.0.1:1/0'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tasks'))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
