@@ -14,9 +14,13 @@ from saga.errors import (
     FaultInjectionDisabledError,
     InjectedFaultError,
     InvalidArgumentsError,
+    InvalidRunIdError,
+    InvalidRunOptionError,
     NonRetryableToolError,
+    NothingToRequeueError,
     PayloadError,
     RunEndedError,
+    RunExistsError,
     SagaError,
     StepFailedError,
     StepInDoubtError,
@@ -25,6 +29,7 @@ from saga.errors import (
     StepSkippedError,
     StoreUnavailableError,
     ToolDefinitionError,
+    ToolNotOfferedError,
     ToolRejected,
     UnknownRunError,
     UnknownToolError,
@@ -32,7 +37,7 @@ from saga.errors import (
 )
 from saga.hooks import SagaHooks
 from saga.model import CompensationState, RunState, StepContext, StepState, ToolClass, Undo
-from saga.picture import RunPicture
+from saga.picture import CompensationRecord, RunPicture, StepRecord
 from saga.reaper import ReapReport
 from saga.records import EscalationRecord, RecordStore, RunRecord
 from saga.retry import RetryPolicy
@@ -56,6 +61,7 @@ __all__ = [
     "Settings",
     "StepHandle",
     # What a run looks like
+    "CompensationRecord",
     "CompensationState",
     "EscalationRecord",
     "RecordStore",
@@ -63,6 +69,7 @@ __all__ = [
     "RunPicture",
     "RunRecord",
     "RunState",
+    "StepRecord",
     "StepState",
     # Errors
     "CallRefusedError",
@@ -72,9 +79,13 @@ __all__ = [
     "FaultInjectionDisabledError",
     "InjectedFaultError",
     "InvalidArgumentsError",
+    "InvalidRunIdError",
+    "InvalidRunOptionError",
     "NonRetryableToolError",
+    "NothingToRequeueError",
     "PayloadError",
     "RunEndedError",
+    "RunExistsError",
     "SagaError",
     "StepFailedError",
     "StepInDoubtError",
@@ -83,6 +94,7 @@ __all__ = [
     "StepsInFlightError",
     "StoreUnavailableError",
     "ToolDefinitionError",
+    "ToolNotOfferedError",
     "UnknownRunError",
     "UnknownToolError",
     "WaitTimeoutError",

@@ -25,7 +25,10 @@ from saga.constants import (
 )
 from saga.errors import (
     DispatchError,
+    NothingToRequeueError,
+    PayloadError,
     RunEndedError,
+    RunExistsError,
     SagaError,
     StepsInFlightError,
     UnknownRunError,
@@ -38,6 +41,7 @@ from saga.records import RecordStore
 from saga.settings import Settings
 from saga.stack import RunStore
 from saga.testing import Faults, faults_enabled
+from saga.validation import check_deadline, check_flag, check_run_id
 
 if TYPE_CHECKING:
     from saga.agents.agent import Agent, AgentRegistry
@@ -150,13 +154,22 @@ class Saga:
         allow_reversible_after_pivot: bool = False,
         deadline: float | None = None,
     ) -> Run:
-        """Start a run. ``deadline``: seconds without progress before the reaper resolves it."""
+        """Start a run. ``deadline``: seconds without progress before the reaper resolves it.
+
+        ``run_id`` (default: a random one) must be 1-128 characters of ``[A-Za-z0-9._-]``,
+        starting with a letter or digit: it becomes part of Redis keys, task ids and a SQL
+        column (``saga.validation``). Bad arguments are refused before anything is written.
+        """
         from saga.runs import Run
 
-        run_id = run_id or uuid.uuid4().hex
-        deadline = deadline or self.settings.run_deadline_seconds
-        if not self.store.create(run_id, deadline, allow_reversible_after_pivot):
-            raise SagaError(f"run {run_id} already exists")
+        run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
+        if deadline is None:
+            deadline = self.settings.run_deadline_seconds
+        else:
+            deadline = check_deadline(deadline)
+        allow = check_flag("allow_reversible_after_pivot", allow_reversible_after_pivot)
+        if not self.store.create(run_id, deadline, allow):
+            raise RunExistsError(f"run {run_id} already exists")
         return Run(self, run_id)
 
     def run(self, run_id: str) -> Run:
@@ -424,7 +437,7 @@ class Saga:
         if outcome.status == "unknown":
             raise UnknownRunError(f"no run {run_id} (it may have expired after its retention)")
         if outcome.status != "ok":
-            raise SagaError(
+            raise NothingToRequeueError(
                 f"run {run_id} is {outcome.values[0]} and has no failed compensation to requeue"
             )
         owner, count = str(outcome.values[0]), int(outcome.values[1])
@@ -445,8 +458,11 @@ class Saga:
         problem = ""
         try:
             result_json = payload.dumps(result, what=f"result of {tool.name}", limit=limit)
-        except Exception as exc:
-            problem = f"result of {tool.name} cannot be recorded: {exc}"
+        except PayloadError as exc:
+            problem = str(exc)
+            result_json = payload.dumps({"unrecorded": problem}, what="result", limit=limit)
+        except Exception as exc:  # a lone surrogate, a value whose repr raises, ...
+            problem = f"result of {tool.name} cannot be recorded: {type(exc).__name__}: {exc}"
             result_json = payload.dumps({"unrecorded": problem}, what="result", limit=limit)
         if tool.compensation is None:
             return result_json, "", problem

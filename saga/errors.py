@@ -21,7 +21,11 @@ class ToolDefinitionError(SagaError):
 
 
 class UnknownToolError(SagaError):
-    """The agent asked for a tool that is not registered (or not offered to it)."""
+    """The agent asked for a tool that is not registered (or one not offered to it: below)."""
+
+
+class ToolNotOfferedError(UnknownToolError):
+    """The tool is registered but not offered to agents (a compensation, or ``offered=False``)."""
 
 
 class InvalidArgumentsError(SagaError):
@@ -36,13 +40,34 @@ class UnknownRunError(SagaError):
     """No run with this id exists (never started, or expired after its retention)."""
 
 
+class RunExistsError(SagaError):
+    """``start_run`` was given the id of a run that already exists; nothing was changed."""
+
+
+class InvalidRunIdError(SagaError):
+    """A run id is not 1-128 characters of ``[A-Za-z0-9._-]`` starting with a letter or digit."""
+
+
+class InvalidRunOptionError(SagaError):
+    """An option of ``start_run`` (``deadline``, ``allow_reversible_after_pivot``) is invalid."""
+
+
 class RunEndedError(SagaError):
-    """The run has already ended (or is unwinding), so it takes no more calls."""
+    """The run is unwinding or has ended, so it takes no more calls (``state`` says which)."""
 
     def __init__(self, run_id: str, state: str) -> None:
-        super().__init__(f"run {run_id} is {state}: it takes no more calls")
+        if state == "unwinding":
+            message = f"run {run_id} is unwinding (it ends once its undos have run)"
+        else:
+            message = f"run {run_id} has ended ({state})"
+        super().__init__(f"{message}: it takes no more calls")
         self.run_id = run_id
         self.state = state
+
+    @property
+    def ended(self) -> bool:
+        """False while the run is still unwinding."""
+        return self.state != "unwinding"
 
 
 class CallRefusedError(SagaError):
@@ -121,6 +146,10 @@ class InjectedFaultError(SagaError):
 
 class FaultInjectionDisabledError(SagaError):
     """Fault injection was asked for without being explicitly enabled (SAGA_TESTING_FAULTS=1)."""
+
+
+class NothingToRequeueError(SagaError):
+    """``requeue_failed_compensations`` found no failed compensation to run again."""
 
 
 class StepInDoubtError(SagaError):

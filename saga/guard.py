@@ -1,16 +1,17 @@
 """The worker's start-up guard: refuse to run with a configuration that breaks the guarantees.
 
 Each check names a guarantee: JSON only (a pickle message is code execution), acks late (a
-step is acknowledged only once its outcome and undo are recorded), a visibility timeout above
-every time limit and retry delay (or Redis hands a running step to a second worker), and a
-Redis that never evicts (the stack is workflow state).
+step is acknowledged only once its outcome and undo are recorded), a time limit, and a
+visibility timeout above every tool's longest retry delay plus that time limit (or Redis hands
+a running step to a second worker), and a Redis that never evicts (the stack is workflow state).
 """
 
 from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -22,12 +23,19 @@ logger = logging.getLogger("saga.guard")
 #: Celery's default visibility timeout for the Redis transport.
 _REDIS_DEFAULT_VISIBILITY = 3600
 _SAFE_EVICTION = ("noeviction",)
+#: Between Redis delivering a message and the worker starting it, and between the end of the
+#: run and the ack, a little time passes; clocks of the hosts involved may differ a little.
+RUN_TIME_MARGIN = 1.0
 
 
 def configuration_problems(
-    conf: Any, policies: Iterable[RetryPolicy], stores: Iterable[redis.Redis]
+    conf: Any, retry_policies: Mapping[str, RetryPolicy], stores: Iterable[redis.Redis]
 ) -> list[str]:
-    """Every reason the worker must not start; empty if it may."""
+    """Every reason the worker must not start; empty if it may.
+
+    ``retry_policies`` maps each tool's name to its retry policy, so a refusal can say which
+    tool to change.
+    """
     problems = []
     for setting in ("accept_content", "result_accept_content"):
         accepted = set(conf.get(setting) or [])
@@ -40,27 +48,63 @@ def configuration_problems(
     if not conf.get("task_acks_late"):
         problems.append("task_acks_late is off: a crash after the effect would lose the push")
     if str(conf.get("broker_url") or "").startswith(("redis", "rediss", "sentinel")):
-        problems += _visibility_problems(conf, policies)
+        problems += _visibility_problems(conf, retry_policies)
     problems += _tls_problems(conf)
     for store in stores:
         problems += _eviction_problems(store)
     return problems
 
 
-def _visibility_problems(conf: Any, policies: Iterable[RetryPolicy]) -> list[str]:
+def longest_retry_delay(policy: RetryPolicy) -> float:
+    """The longest countdown ``policy`` ever asks for: a retry follows attempts 1 to
+    ``attempts - 1`` only, and jitter only shortens the delay."""
+    if policy.attempts < 2:
+        return 0.0
+    try:
+        return replace(policy, jitter=False).delay(policy.attempts - 1)
+    except OverflowError:  # thousands of attempts: the doubling has long reached the cap
+        return policy.backoff_max
+
+
+def _visibility_problems(conf: Any, retry_policies: Mapping[str, RetryPolicy]) -> list[str]:
+    """Redis hands an unacknowledged message to another worker once the visibility timeout
+    has passed since it was delivered. A retry is delivered at once, held by the worker for
+    its countdown, then run for up to the time limit; so for every tool the countdown and
+    the time limit together must end before the visibility timeout does."""
     options = conf.get("broker_transport_options") or {}
     visibility = float(options.get("visibility_timeout", _REDIS_DEFAULT_VISIBILITY))
-    limits = {
-        "task_time_limit": conf.get("task_time_limit"),
-        "task_soft_time_limit": conf.get("task_soft_time_limit"),
-        "the longest retry delay of a tool": max((p.backoff_max for p in policies), default=0),
-    }
-    return [
-        f"{name} ({value}s) is not below the visibility timeout ({visibility:g}s): Redis would "
-        "hand the task to a second worker while the first still has it"
-        for name, value in limits.items()
-        if value is not None and float(value) >= visibility
-    ]
+    problems = []
+    raw_limit = conf.get("task_time_limit")
+    limit = float(raw_limit or 0)
+    if limit <= 0:
+        problems.append(
+            f"task_time_limit is {raw_limit!r}: on a Redis broker nothing would bound how long "
+            "a step holds its message, so Redis could hand it to a second worker while the "
+            "first still runs it; set a time limit below the visibility timeout"
+        )
+    for name in ("task_time_limit", "task_soft_time_limit"):
+        value = conf.get(name)
+        if value is not None and float(value) >= visibility:
+            problems.append(
+                f"{name} ({value}s) is not below the visibility timeout ({visibility:g}s): Redis "
+                "would hand the task to a second worker while the first still has it"
+            )
+    if limit >= visibility:
+        return problems  # every tool would be named below for the same reason
+    too_slow: dict[float, list[str]] = {}
+    for tool, policy in retry_policies.items():
+        delay = longest_retry_delay(policy)
+        if delay + limit + RUN_TIME_MARGIN >= visibility:
+            too_slow.setdefault(delay, []).append(tool)
+    for delay, tools in sorted(too_slow.items()):
+        named = f"tool {tools[0]}" if len(tools) == 1 else f"tools {', '.join(sorted(tools))}"
+        problems.append(
+            f"{named}: the longest retry delay ({delay:g}s) plus "
+            f"task_time_limit ({limit:g}s) plus a {RUN_TIME_MARGIN:g}s margin is not below the "
+            f"visibility timeout ({visibility:g}s): a retried step could run on two workers at "
+            "once; shorten the tool's RetryPolicy.backoff_max or raise the visibility timeout"
+        )
+    return problems
 
 
 def _tls_problems(conf: Any) -> list[str]:

@@ -19,7 +19,10 @@ def dumps(value: Any, *, what: str, limit: int) -> str:
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"{what} is not JSON: {exc}") from exc
-    size = len(text.encode())
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as exc:  # a lone surrogate: JSON takes it, UTF-8 does not
+        raise PayloadError(f"{what} is not valid text: {exc.reason} at {exc.start}") from exc
     if size > limit:
         raise PayloadError(f"{what} is {size} bytes, over the limit of {limit} bytes")
     return text

@@ -108,7 +108,7 @@ def reconcile(saga: Saga, run_id: str, step: int) -> str:
 def reap(saga: Saga, now: float | None = None) -> ReapReport:
     """One pass over the runs that are due; ``now`` (Redis clock) lets a test look ahead."""
     report = ReapReport()
-    now = saga.store.now() if now is None else now
+    now = saga.store.now(exact=True) if now is None else now
     for run_id, due in saga.store.due_runs(now):
         report.examined += 1
         try:
@@ -135,12 +135,33 @@ def _reap_one(saga: Saga, run_id: str, due: float, now: float, report: ReapRepor
             saga.store.schedule(run_id, (head.ended or now) + saga.store.retention_seconds + 60)
         return
     if now - head.updated < head.deadline:
-        saga.store.schedule(run_id, head.updated + head.deadline)
+        next_look = head.updated + head.deadline
+        if head.state is RunState.UNWINDING:  # a step in doubt may wait for its lease only
+            waiting = _reconcile_doubts(saga, saga.picture(run_id), report)
+            next_look = min([next_look, *waiting])
+        saga.store.schedule(run_id, next_look)
         return
     picture = saga.picture(run_id)
     _resolve(saga, picture, now, report)
     # Look again a deadline from now, unless progress moves it on (it is re-read then).
     saga.store.schedule(run_id, now + max(picture.deadline, 1.0))
+
+
+def _reconcile_doubts(saga: Saga, picture: RunPicture, report: ReapReport) -> list[float]:
+    """Reconcile the steps in doubt whose delivery's lease has run out (the run need not be
+    idle: nobody else will settle them); return when the others' leases end."""
+    waiting = []
+    for record in picture.steps:
+        if record.state is not StepState.IN_DOUBT or record.step not in picture.in_flight:
+            continue
+        error = {"type": "NoOutcome", "message": "in doubt"}
+        marked = saga.store.mark_in_doubt(picture.run_id, record.step, error, respect_lease=True)
+        if marked.status == "in_doubt" and str(marked.values[0]) == "0":
+            verdict = reconcile(saga, picture.run_id, record.step)
+            report.in_doubt.append((picture.run_id, record.step, verdict))
+        elif record.lease is not None:
+            waiting.append(record.lease)
+    return waiting
 
 
 def _broken(saga: Saga, run_id: str, exc: Exception, now: float, report: ReapReport) -> None:

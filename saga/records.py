@@ -35,6 +35,10 @@ from saga.agents.turn_state import document as hosted_document
 from saga.model import CompensationState
 from saga.picture import RunPicture
 from saga.rules import not_undone
+from saga.validation import RUN_ID_MAX_LENGTH
+
+#: ``<run_id>:<generation>``: a generation is a requeue counter, 31 digits is plenty.
+_ESCALATION_ID_LENGTH = RUN_ID_MAX_LENGTH + 32
 
 
 class _Base(DeclarativeBase):
@@ -44,7 +48,7 @@ class _Base(DeclarativeBase):
 class RunRecord(_Base):
     __tablename__ = "saga_runs"
 
-    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(RUN_ID_MAX_LENGTH), primary_key=True)
     state: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
@@ -67,12 +71,30 @@ class TranscriptRecord(_Base):
 
 
 class EscalationRecord(_Base):
-    """The whole picture handed to a person: not "the run failed", but what is live and why."""
+    """The whole picture handed to a person: not "the run failed", but what is live and why.
+
+    One row per escalation of a run (``escalation_id`` is ``<run_id>:<generation>``; each
+    requeue that escalates again is a new generation). The JSON fields, as written when the
+    run concluded:
+
+    - ``steps_done``: the steps that succeeded, each a ``StepRecord`` as a dict (``step``,
+      ``tool``, ``tool_class`` as 1-5, ``args``, ``state``, ``attempts``, ``result``,
+      ``error``, ``reconciled``, ``started``).
+    - ``stack``: the undo entries still on the stack, oldest first (``step``, ``tool``,
+      ``args``, ``idempotency_key``, ``description``; ``broken`` if it could not be built).
+    - ``failed_compensations``: each undo that gave up (``step``, ``undo`` its entry,
+      ``attempts``, ``error`` as ``{"type", "message", ...}``, ``state``).
+    - ``not_undone``: every effect still live in the world (``step``, ``tool``, ``result``,
+      ``why``: irreversible, past the pivot, its compensation failed, in doubt, ...).
+
+    ``resolved`` turns true when a requeued unwind ends compensated (every escalation of the
+    run), or when a person sets it after dealing with the run by hand.
+    """
 
     __tablename__ = "saga_escalations"
 
-    escalation_id: Mapped[str] = mapped_column(String(80), primary_key=True)
-    run_id: Mapped[str] = mapped_column(String(64), index=True)
+    escalation_id: Mapped[str] = mapped_column(String(_ESCALATION_ID_LENGTH), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(RUN_ID_MAX_LENGTH), index=True)
     #: The verdict ("compensation failed", "failed after an irreversible step", ...).
     reason: Mapped[str] = mapped_column(Text)
     #: What set the run failing ("step 5 failed", "aborted: ...").

@@ -7,17 +7,20 @@ otherwise surface is the failure path, where nobody is watching.
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic_core import ErrorDetails, PydanticSerializationError, to_json
 
 from saga.errors import (
     CompensationBuildError,
     InvalidArgumentsError,
     ToolDefinitionError,
+    ToolNotOfferedError,
     UnknownToolError,
 )
 from saga.model import ToolClass, Undo
@@ -56,6 +59,14 @@ class Tool:
         """Check ``args`` against the schema; return them in JSON form, ready to send."""
         return self._parse(args).model_dump(mode="json")
 
+    def json_schema(self) -> dict[str, Any]:
+        """The parameters as a model is told about them (JSON Schema).
+
+        Validation is strict, so this is exactly what is accepted: ``"integer"`` takes no
+        ``true`` and no ``"1200"``; a ``date`` is a string in ISO format.
+        """
+        return self.schema.model_json_schema()
+
     def python_args(self, args: dict[str, Any]) -> dict[str, Any]:
         """The arguments as the function's type hints want them (``Decimal``, ``date``, ...)."""
         model = self._parse(args)
@@ -77,15 +88,20 @@ class Tool:
         return undo
 
     def _parse(self, args: dict[str, Any]) -> BaseModel:
+        """Validate strictly, as JSON: a model's arguments are JSON values, so ``"2024-05-01"``
+        is a fine ``date`` but ``"1200"`` is no ``int`` and ``true`` no amount of cents (lax
+        validation would charge 1 cent). Python values (an undo built from a result holding a
+        ``Decimal``) are written as JSON first, so both meet the same rules."""
         if not isinstance(args, dict):
             raise InvalidArgumentsError(f"arguments of {self.name} must be an object")
         try:
-            return self.schema.model_validate(args)
+            text = to_json(args)
+        except PydanticSerializationError as exc:
+            raise InvalidArgumentsError(f"arguments of {self.name} are not JSON: {exc}") from None
+        try:
+            return self.schema.model_validate_json(text, strict=True)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}"
-                for e in exc.errors()
-            )
+            problems = "; ".join(_problem(error) for error in exc.errors(include_url=False))
             raise InvalidArgumentsError(f"invalid arguments for {self.name}: {problems}") from None
 
 
@@ -152,11 +168,17 @@ class ToolRegistry:
     def offered(self, name: str) -> Tool:
         """The tool the agent asked for, if the agent may call it."""
         tool = self._tools.get(name)
-        if tool is None or not tool.offered or tool.tool_class is None:
-            raise UnknownToolError(
-                f"unknown tool {name!r}; the agent may call: {self._known(offered=True)}"
-            )
-        return tool
+        if tool is not None and tool.offered and tool.tool_class is not None:
+            return tool
+        callable_ones = f"the agent may call: {self._known(offered=True)}"
+        if tool is None:
+            raise UnknownToolError(f"unknown tool {name!r}; {callable_ones}")
+        why = ""
+        if tool.tool_class is None:
+            why = " (it only undoes other tools' steps, when a run unwinds)"
+        raise ToolNotOfferedError(
+            f"tool {name!r} exists but is not offered to agents{why}; {callable_ones}"
+        )
 
     def check_undo(self, undo: Undo) -> dict[str, Any]:
         """Validate an undo against its tool; return its arguments in JSON form."""
@@ -210,6 +232,35 @@ class ToolRegistry:
         )
 
 
+def _problem(error: ErrorDetails) -> str:
+    """One problem as a model can act on it: the field, what it should be, what it got."""
+    where = ".".join(str(part) for part in error["loc"]) or "(arguments)"
+    if error["type"] == "missing":
+        return f"{where}: Field required"
+    if error["type"] == "extra_forbidden":
+        return f"{where}: no such parameter"
+    return f"{where}: {error['msg']}, got {_shown(error['input'])}"
+
+
+_JSON_KINDS: tuple[tuple[type, str], ...] = (
+    (bool, "a boolean"),  # before int: a bool is an int in Python
+    (int, "an integer"),
+    (float, "a number"),
+    (str, "a string"),
+    (list, "an array"),
+    (dict, "an object"),
+)
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as the model wrote it, cut short, with its JSON kind."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    kind = next((name for cls, name in _JSON_KINDS if isinstance(value, cls)), "")
+    return f"{text} ({kind})" if kind else text
+
+
 def _refuse_unknown(options: dict[str, Any], known: frozenset[str]) -> None:
     unknown = sorted(set(options) - known)
     if unknown:
@@ -234,5 +285,6 @@ def _schema_of(name: str, func: ToolFunction) -> tuple[type[BaseModel], bool]:
             raise ToolDefinitionError(f"parameter {parameter.name} of {name} needs a type hint")
         default = ... if parameter.default is parameter.empty else parameter.default
         fields[parameter.name] = (hints[parameter.name], default)
-    model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    config = ConfigDict(extra="forbid", strict=True)
+    model = create_model(f"{name}_arguments", __config__=config, **fields)
     return model, wants_context

@@ -80,9 +80,7 @@ def install(app: Celery, saga: Saga) -> None:
 
     def refuse_unsafe_configuration(sender: Any = None, **_: Any) -> None:
         try:
-            problems = configuration_problems(
-                app.conf, (t.retry for t in saga.registry), [saga.store.client]
-            )
+            problems = configuration_problems(app.conf, _delays(saga), [saga.store.client])
         except Exception as exc:  # a guard that cannot look must not wave the worker through
             problems = [f"the configuration could not be checked: {exc!r}"]
         if faults_enabled():
@@ -113,9 +111,25 @@ def install(app: Celery, saga: Saga) -> None:
             raise self.retry(exc=exc, countdown=_CONCLUDE_RETRY.delay(attempt)) from exc
 
 
+#: Arguments already crossed the broker within the dispatcher's limit: no second limit here.
+_NO_LIMIT = 1 << 40
+
 #: Retrying a conclusion (its records database was away): short delays, well below any
 #: visibility timeout, so the message is never handed to a second worker meanwhile.
-_CONCLUDE_RETRY = RetryPolicy(attempts=20, backoff=0.5, backoff_max=5.0)
+_CONCLUDE_RETRY = RetryPolicy(attempts=20, backoff=0.5, backoff_max=1.0)
+#: A delivery that finds another holding the step's (or undo's) lease looks again this soon:
+#: short, because every delay a worker holds a message for counts against the visibility
+#: timeout (the start-up guard adds it to the time limit).
+_BUSY_WAIT = RetryPolicy(attempts=2, backoff=1.0, backoff_max=1.0, jitter=False)
+
+
+def _delays(saga: Saga) -> dict[str, RetryPolicy]:
+    """Every delay a worker may hold a message for, by who asks for it (the guard's input)."""
+    return {
+        **{tool.name: tool.retry for tool in saga.registry},
+        CONCLUDE_UNWIND_TASK: _CONCLUDE_RETRY,
+        "a delivery waiting for another's lease": _BUSY_WAIT,
+    }
 
 
 def _install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
@@ -155,6 +169,11 @@ def _on_revoked(saga: Saga, request: Any, terminated: bool) -> None:
             saga.start_unwind(run_id, f"step:{step}")
         elif outcome.status == "in_doubt" and str(outcome.values[0]) == "0":
             reconcile(saga, run_id, step)
+        elif outcome.status == "in_doubt":
+            # Its delivery may still be applying the effect: the reaper asks the lookup once
+            # the lease has run out, not before.
+            lease = saga.picture(run_id).step(step).lease or saga.store.now()
+            saga.store.schedule(run_id, lease)
     except Exception:
         logger.exception("run %s: could not record the revoke of %s", run_id, name)
 
@@ -198,7 +217,8 @@ def _forward(
     saga: Saga, task: Task, tool: Tool, run_id: str, step: int, args: dict[str, Any]
 ) -> Any:
     store = saga.store
-    args_json = payload.dumps(args, what="arguments", limit=saga.settings.max_payload_bytes)
+    # (The dispatcher applied the size limit; this only has to match what it stored.)
+    args_json = payload.dumps(args, what="arguments", limit=_NO_LIMIT)
     claim = _claim(task)
     begin = store.begin_step(run_id, step, tool.name, args_json, claim, saga.lease_seconds)
     if begin.status == "succeeded":  # a redelivery: replay, never re-apply
@@ -213,7 +233,7 @@ def _forward(
             return {"rejected": error}
         raise StepFailedError(run_id, step, tool.name, f"{error} (redelivered)")
     if begin.status == "busy":  # another delivery holds the step: come back when it may not
-        raise task.retry(countdown=min(float(begin.values[0]), saga.lease_seconds))
+        raise task.retry(countdown=min(float(begin.values[0]), _BUSY_WAIT.backoff_max))
     if begin.status != "run":
         if begin.owns_unwind:
             saga.start_unwind(run_id, f"step:{step}")
@@ -356,7 +376,7 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
         logger.info("run %s: compensation of step %d already %s", run_id, step, begin.status)
         return {"compensated": step, "replayed": True}
     if begin.status == "busy":  # another execution (or a newer undo) still runs: wait for it
-        raise task.retry(countdown=min(float(begin.values[0]), saga.lease_seconds))
+        raise task.retry(countdown=min(float(begin.values[0]), _BUSY_WAIT.backoff_max))
     if begin.status != "run":  # a stale chain, or the run is gone: stop this chain here
         logger.warning("run %s: compensation of step %d not run: %s", run_id, step, begin)
         raise Ignore()

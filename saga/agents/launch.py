@@ -8,8 +8,9 @@ import uuid
 from typing import Any
 
 from saga.constants import AGENT_TURN_TASK, TURN_QUEUE, agent_key, turn_task_id
-from saga.errors import PayloadError, SagaError
+from saga.errors import PayloadError, RunExistsError
 from saga.stack import RunStore
+from saga.validation import check_deadline, check_run_id
 
 
 def enqueue_run(
@@ -30,12 +31,13 @@ def enqueue_run(
         raise PayloadError("the input of a hosted run is the user's message, a string")
     if len(input.encode()) > max_input_bytes:
         raise PayloadError(f"the input is over the limit of {max_input_bytes} bytes")
-    run_id = run_id or uuid.uuid4().hex
+    run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
+    deadline = check_deadline(deadline)
     if not store.create(run_id, deadline, agent=agent, input_json=input):
         existing = store.client.hget(agent_key(run_id), "name")
         if existing != agent:
             owner = f"agent {existing!r}" if existing else "run.call"
-            raise SagaError(f"run {run_id} already exists, driven by {owner}")
+            raise RunExistsError(f"run {run_id} already exists, driven by {owner}")
         head = store.head(run_id)
         started = store.client.hexists(agent_key(run_id), "1:answer")
         if started or head is None or head.state.value != "running":

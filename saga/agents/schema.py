@@ -64,11 +64,9 @@ def describe(tool: Tool) -> str:
 
 
 def json_schema(tool: Tool) -> dict[str, Any]:
-    """The JSON Schema of the tool's arguments, without pydantic's generated ``title`` noise.
-
-    TODO: switch to ``Tool.json_schema()`` once it lands; this local helper stands in for it.
-    """
-    schema = clean_schema(tool.schema.model_json_schema())
+    """The JSON Schema of the tool's arguments (``Tool.json_schema()``, what strict validation
+    accepts), without pydantic's generated ``title`` noise."""
+    schema = clean_schema(tool.json_schema())
     schema.setdefault("properties", {})  # providers want an object schema with properties
     return schema
 

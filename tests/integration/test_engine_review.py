@@ -153,7 +153,7 @@ def test_defect_4_an_unencodable_result_escalates_instead_of_looping(h: Harness)
     h.drain()
     picture = h.saga.picture(run_id)
     assert picture.step(step).state is StepState.SUCCEEDED
-    assert "cannot be recorded" in picture.step(step).result["unrecorded"]
+    assert "is not valid text" in picture.step(step).result["unrecorded"]
     assert picture.state is RunState.COMPENSATED
     assert h.world.reversals == [f"{run_id}:{step}:undo"]
 

@@ -22,6 +22,7 @@ from saga.model import CompensationState, RunState, StepState, ToolClass
 from saga.records import EscalationRecord, RecordStore, RunRecord
 from saga.rules import REASON_AFTER_PIVOT, REASON_COMPENSATION_FAILED
 from saga.stack import CompensationRecord, RunPicture, StepRecord
+from saga.validation import RUN_ID_MAX_LENGTH, check_run_id
 from tests.conftest import service_missing
 
 POSTGRES_URL = os.environ.get(
@@ -389,6 +390,27 @@ def test_the_same_escalation_written_twice_stays_one_row(records: RecordStore) -
 
     records.record_escalation(failed_compensation_picture(run_id, "1"), REASON_COMPENSATION_FAILED)
     assert [e.escalation_id for e in records.escalations(run_id)] == [f"{run_id}:0", f"{run_id}:1"]
+
+
+def test_the_longest_accepted_run_id_is_recorded(records: RecordStore) -> None:
+    """R4: a run id of the full accepted length (128) fits the run and escalation rows on
+    PostgreSQL too, with a requeue generation of many digits."""
+    # Given the longest run id start_run accepts, escalated after many requeues
+    run_id = check_run_id(("t-" + uuid.uuid4().hex * 4)[:RUN_ID_MAX_LENGTH])
+    assert len(run_id) == RUN_ID_MAX_LENGTH
+    generation = "9" * 31
+
+    # When its run and escalation are recorded
+    records.record_run(failed_compensation_picture(run_id), RunState.ESCALATED.value, "x")
+    records.record_escalation(
+        failed_compensation_picture(run_id, generation), REASON_COMPENSATION_FAILED
+    )
+
+    # Then both read back whole
+    record = records.run(run_id)
+    assert record is not None and record.run_id == run_id
+    [escalation] = records.escalations(run_id)
+    assert escalation.escalation_id == f"{run_id}:{generation}"
 
 
 def test_open_escalations_and_resolving_them(records: RecordStore) -> None:

@@ -43,7 +43,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.reliability.chaos_app"
-#: Above every time limit and retry delay of the chaos tools (the start-up guard checks it),
+#: Above the time limit plus any chaos tool's longest retry delay plus the guard's margin
+#: (5 + 0.2 + 1 s: the start-up guard checks it),
 #: short enough that a message stranded by a whole-worker kill comes back within seconds
 #: (chaos_app makes the workers sweep for such messages every second).
 VISIBILITY_TIMEOUT = 10

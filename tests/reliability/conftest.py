@@ -22,9 +22,10 @@ from saga.testing import Faults, RedisServer, WorkerProcess
 from saga.tools import ToolRegistry
 from tests.conftest import ROOT, service_missing
 
-#: Short enough that a whole-worker kill is recovered within a test, and still above every
-#: time limit and retry delay of the demo tools (the start-up guard checks it).
-VISIBILITY_TIMEOUT = 6
+#: Short enough that a whole-worker kill is recovered within a test, and still above the time
+#: limit plus the longest retry delay of any demo tool (0.8 s) plus the guard's 1 s margin (the
+#: start-up guard checks it).
+VISIBILITY_TIMEOUT = 8
 TIME_LIMIT = 5
 
 

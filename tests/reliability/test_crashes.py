@@ -537,8 +537,16 @@ def test_a_running_step_revoked_with_sigkill_ends_the_run_instead_of_hanging(
     # When the operator revokes it, terminating it with SIGKILL
     env.saga.app.control.revoke(f"{run.run_id}:2", terminate=True, signal="SIGKILL")
 
-    # Then the step is in doubt, the lookup finds no credit, and the run unwinds and ends
-    with pytest.raises((StepFailedError, StepInDoubtError)):  # in doubt until reconciled
+    # Then the step is in doubt, and its lookup waits for the delivery's lease to run out
+    # (the request may already be on its way to billing)
+    wait_until(lambda: step_state(env, run.run_id, 2) == "in_doubt", 10, "the revoke")
+    assert env.saga.picture(run.run_id).step(2).reconciled == ""
+    lease = env.saga.picture(run.run_id).step(2).lease
+    assert lease is not None
+    time.sleep(max(0.0, lease - env.saga.store.now()) + 0.2)
+    # and the reaper's next pass finds no credit, so the run unwinds and ends
+    assert [verdict for *_, verdict in env.saga.reap().in_doubt] == ["not_happened"]
+    with pytest.raises((StepFailedError, StepInDoubtError)):
         credit.result(timeout=20)
     picture = run.wait(timeout=20)
     step = picture.step(2)

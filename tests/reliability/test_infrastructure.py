@@ -439,7 +439,7 @@ GOOD_CONF: dict[str, Any] = {
     "task_soft_time_limit": 270,
     "broker_transport_options": {"visibility_timeout": 1200},
 }
-POLICIES = [RetryPolicy(attempts=3, backoff=1, backoff_max=60)]
+POLICIES = {"get_order": RetryPolicy(attempts=3, backoff=1, backoff_max=60)}
 
 
 @pytest.mark.parametrize(
@@ -490,12 +490,14 @@ def test_configuration_problems_names_each_unsafe_setting(
 
 
 def test_configuration_problems_counts_the_longest_retry_delay() -> None:
-    """A tool retry delay as long as the visibility timeout is a problem too."""
-    slow = [*POLICIES, RetryPolicy(backoff_max=1200)]
+    """A tool whose retry delay plus the time limit reaches the visibility timeout is named."""
+    slow = {**POLICIES, "issue_credit": RetryPolicy(attempts=2, backoff=900, backoff_max=1200)}
     problems = configuration_problems(GOOD_CONF, slow, [])
     assert problems == [
-        "the longest retry delay of a tool (1200s) is not below the visibility timeout (1200s): "
-        "Redis would hand the task to a second worker while the first still has it"
+        "tool issue_credit: the longest retry delay (900s) plus task_time_limit (300s) plus a 1s "
+        "margin is not below the visibility timeout (1200s): a retried step could run on two "
+        "workers at once; shorten the tool's RetryPolicy.backoff_max or raise the visibility "
+        "timeout"
     ]
 
 
@@ -504,7 +506,7 @@ def test_good_configurations_pass_the_guard(private: Callable[..., Private]) -> 
     import celeryconfig
 
     env = private()
-    policies = [t.retry for t in env.saga.registry]
+    policies = {t.name: t.retry for t in env.saga.registry}
     module = {k: v for k, v in vars(celeryconfig).items() if not k.startswith("_")}
     assert configuration_problems(module, policies, [env.saga.store.client]) == []
     assert configuration_problems(env.saga.app.conf, policies, [env.saga.store.client]) == []
@@ -599,7 +601,7 @@ def standalone(
             "SAGA_RESULT_BACKEND": url,
             "SAGA_DEMO_DATA": str(data),
             "SAGA_DATABASE_URL": f"sqlite:///{data / 'saga.db'}",
-            "SAGA_VISIBILITY_TIMEOUT": "6",
+            "SAGA_VISIBILITY_TIMEOUT": "8",  # the time limit, a retry, the guard's margin
             "SAGA_TASK_TIME_LIMIT": "5",
             "SAGA_TESTING_FAULTS": "0",
             "PYTHONPATH": str(ROOT),

@@ -36,6 +36,7 @@ EXPORTED = [
     "Settings",
     "StepHandle",
     # What a run looks like
+    "CompensationRecord",
     "CompensationState",
     "EscalationRecord",
     "RecordStore",
@@ -43,6 +44,7 @@ EXPORTED = [
     "RunPicture",
     "RunRecord",
     "RunState",
+    "StepRecord",
     "StepState",
     # Errors
     "CallRefusedError",
@@ -52,9 +54,13 @@ EXPORTED = [
     "FaultInjectionDisabledError",
     "InjectedFaultError",
     "InvalidArgumentsError",
+    "InvalidRunIdError",
+    "InvalidRunOptionError",
     "NonRetryableToolError",
+    "NothingToRequeueError",
     "PayloadError",
     "RunEndedError",
+    "RunExistsError",
     "SagaError",
     "StepFailedError",
     "StepInDoubtError",
@@ -63,6 +69,7 @@ EXPORTED = [
     "StepsInFlightError",
     "StoreUnavailableError",
     "ToolDefinitionError",
+    "ToolNotOfferedError",
     "UnknownRunError",
     "UnknownToolError",
     "WaitTimeoutError",
@@ -109,7 +116,7 @@ def test_errors_module_is_found() -> None:
     names = {cls.__name__ for cls in ERROR_CLASSES}
     exported_errors = {n for n in EXPORTED if n.endswith("Error")}
     assert exported_errors <= names
-    assert len(exported_errors) == 21
+    assert len(exported_errors) == 26
 
 
 @pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)

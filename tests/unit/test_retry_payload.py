@@ -163,3 +163,9 @@ def test_dumps_is_compact_and_round_trips() -> None:
 def test_is_finite_json(value: Any, finite: bool) -> None:
     """Only plain, finite JSON values survive a round trip unchanged in kind."""
     assert payload.is_finite_json(value) is finite
+
+
+def test_a_lone_surrogate_is_a_payload_error_not_a_unicode_crash() -> None:
+    """A string truncated mid-emoji cannot be stored: a PayloadError saying so (defect 4)."""
+    with pytest.raises(PayloadError, match="result is not valid text: surrogates not allowed"):
+        payload.dumps({"title": "Refund \ud83d"}, what="result", limit=1000)

@@ -14,6 +14,7 @@ from saga.errors import (
     CompensationBuildError,
     InvalidArgumentsError,
     ToolDefinitionError,
+    ToolNotOfferedError,
     UnknownToolError,
 )
 from saga.model import StepContext, ToolClass, Undo
@@ -437,3 +438,35 @@ def test_refusal_never_lists_a_compensation_as_callable() -> None:
 
     # Then the refusal does not tell it that reverse_credit is callable
     assert str(err.value).endswith("the agent may call: get_order")
+
+
+def test_a_registered_tool_that_is_not_offered_is_not_called_unknown(
+    registry: ToolRegistry,
+) -> None:
+    """Asking for a compensation says it exists but is not offered (still an UnknownToolError
+    to callers that catch that); a name nobody registered stays plain "unknown"."""
+    with pytest.raises(ToolNotOfferedError) as not_offered:
+        registry.offered("reverse_credit")
+    with pytest.raises(UnknownToolError) as unknown:
+        registry.offered("refund_everything")
+
+    assert isinstance(not_offered.value, UnknownToolError)
+    assert str(not_offered.value).startswith(
+        "tool 'reverse_credit' exists but is not offered to agents (it only undoes other tools' "
+        "steps, when a run unwinds); the agent may call: get_order, issue_credit"
+    )
+    assert "unknown" not in str(not_offered.value)
+    assert type(unknown.value) is UnknownToolError
+
+
+def test_a_tool_registered_with_offered_false_is_named_as_not_offered() -> None:
+    """``offered=False`` on a forward tool: registered, kept from the agent, and said so."""
+    reg = ToolRegistry()
+
+    @reg.tool(ToolClass.READ, offered=False)
+    def internal(x: int) -> None: ...
+
+    with pytest.raises(
+        ToolNotOfferedError, match="'internal' exists but is not offered to agents; the agent"
+    ):
+        reg.offered("internal")
