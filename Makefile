@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 RUNS ?=
 SEED ?= 1
 
-.PHONY: install demo test lint bench chaos modelcheck worker beat flower clean
+.PHONY: install demo test lint bench chaos modelcheck worker turns beat flower clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,11 @@ modelcheck: $(INSTALLED)
 	$(BIN)/python -m tests.reliability.modelcheck --examples $(EXAMPLES) --seed $(SEED)
 
 worker: $(INSTALLED)
-	$(BIN)/celery -A tasks.app worker -E --loglevel INFO
+	$(BIN)/celery -A tasks.app worker -Q celery -E --loglevel INFO
+
+# Hosted agents' turns: a threads pool on its own queue (a model call never holds a prefork slot).
+turns: $(INSTALLED)
+	$(BIN)/celery -A tasks.app worker -P threads -c 50 -Q saga.turns -E --loglevel INFO
 
 beat: $(INSTALLED)
 	$(BIN)/celery -A tasks.app beat --loglevel INFO

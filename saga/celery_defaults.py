@@ -25,7 +25,7 @@ import os
 import ssl
 from typing import Any
 
-from saga.constants import REAP_TASK
+from saga.constants import AGENT_TURN_TASK, REAP_TASK, START_UNWIND_TASK, TURN_QUEUE
 
 __all__ = [
     "accept_content",
@@ -46,6 +46,7 @@ __all__ = [
     "task_send_sent_event",
     "task_serializer",
     "task_soft_time_limit",
+    "task_routes",
     "task_time_limit",
     "task_track_started",
     "worker_hijack_root_logger",
@@ -89,6 +90,13 @@ broker_transport_options: dict[str, Any] = {
 }
 result_backend_transport_options = broker_transport_options
 result_expires = 24 * 3600
+
+# Hosted agents' turns wait on a model: they run on their own queue, served by a threads pool
+# (`celery -A tasks.app worker -P threads -c 50 -Q saga.turns`), never in a prefork slot.
+task_routes: dict[str, dict[str, str]] = {
+    AGENT_TURN_TASK: {"queue": TURN_QUEUE},
+    START_UNWIND_TASK: {"queue": TURN_QUEUE},
+}
 
 worker_send_task_events = True
 # Flower sees every task from the worker's events (received, started, succeeded, failed...).

@@ -21,6 +21,12 @@ TOOL_TASK_PREFIX = "tools."
 CONCLUDE_UNWIND_TASK = "saga.conclude_unwind"
 #: Celery beat task that resolves runs with no progress past their deadline.
 REAP_TASK = "saga.reap"
+#: One turn of a hosted agent: ask the model once, dispatch its calls (``saga.agents.hosted``).
+AGENT_TURN_TASK = "saga.agent_turn"
+#: Start the unwind a web app's ``abort_run`` came to own (the client holds no tool code).
+START_UNWIND_TASK = "saga.start_unwind"
+#: The queue turns run on: a threads pool, so a model call never holds a prefork slot.
+TURN_QUEUE = "saga.turns"
 
 
 def tool_task_name(tool: str) -> str:
@@ -38,6 +44,46 @@ def run_keys(run_id: str) -> list[str]:
     """
     base = f"{KEY_PREFIX}:{{{run_id}}}"
     return [f"{base}:run", f"{base}:steps", f"{base}:inflight", f"{base}:stack", f"{base}:comps"]
+
+
+def agent_key(run_id: str) -> str:
+    """The hosted loop's hash of one run (absent for a run driven by ``run.call``).
+
+    name, input, created       the agent and what it was asked
+    model_calls                every call of its policy (a redelivered turn must not add one)
+    tokens_in, tokens_out      usage, summed over the recorded answers
+    bytes                      size of the stored transcript
+    turn                       the latest turn with a recorded answer
+    <k>:answer                 turn k's answer (a ModelTurn as JSON), first writer wins
+    <k>:results                the results turn k's calls returned to the model (JSON)
+    <k>:<i>:refused            why call i of turn k was not dispatched (fed back to the model)
+    <k>:advanced               turn k+1 was enqueued (or the run ended): first writer wins
+    ended                      why the loop stopped (final answer, limit, model error)
+
+    The call -> step map lives in the steps hash (``call:<k>:<i>``), written by the reserve
+    script itself. Every script receives this key sixth, after ``run_keys``.
+    """
+    return f"{KEY_PREFIX}:{{{run_id}}}:agent"
+
+
+def script_keys(run_id: str) -> list[str]:
+    """The keys every Lua script receives: ``run_keys`` and the agent hash."""
+    return [*run_keys(run_id), agent_key(run_id)]
+
+
+def turn_lease_key(run_id: str, turn: int) -> str:
+    """Held (SET NX, with an expiry) while one delivery of a turn asks the model."""
+    return f"{KEY_PREFIX}:{{{run_id}}}:asking:{turn}"
+
+
+def turn_task_id(run_id: str, turn: int) -> str:
+    """The Celery task id of turn ``turn``: the same on every send, so Flower shows one task."""
+    return f"{run_id}:turn:{turn}"
+
+
+def call_marker(turn: int, call: int) -> str:
+    """What the reserve script records with the step a turn's call got."""
+    return f"{turn}:{call}"
 
 
 def settled_key(run_id: str, step: int) -> str:

@@ -34,8 +34,8 @@ from saga.errors import (
     UnknownRunError,
     UnknownToolError,
 )
-from saga.hooks import SagaHooks
-from saga.model import CompensationState, RunState, ToolClass
+from saga.hooks import RunListener, SagaHooks
+from saga.model import CompensationState, RunState, StepState, ToolClass
 from saga.picture import RunPicture
 from saga.records import RecordStore
 from saga.settings import Settings
@@ -44,6 +44,8 @@ from saga.testing import Faults, faults_enabled
 from saga.validation import check_deadline, check_flag, check_run_id
 
 if TYPE_CHECKING:
+    from saga.agents.agent import Agent, AgentRegistry
+    from saga.agents.policies import Policy
     from saga.reaper import ReapReport
     from saga.runs import Run, StepHandle
     from saga.tools import Tool, ToolRegistry
@@ -85,6 +87,12 @@ class Saga:
         self.faults: Faults | None = None
         if faults_enabled():
             self.faults = Faults(self.store.client)
+        from saga.agents.hosted import HostedLoop
+
+        #: Told when steps settle and when the reaper finds a run idle. The hosted loop is
+        #: always one: any worker with the tools moves a hosted run on, agents declared or not.
+        self.listeners: list[RunListener] = [HostedLoop(self)]
+        self._agents: AgentRegistry | None = None
         install(app, self)
 
     @property
@@ -94,6 +102,48 @@ class Saga:
             if self._records is None:
                 self._records = RecordStore(self.settings.database_url)
             return self._records
+
+    # -- hosted agents --------------------------------------------------------------------
+
+    @property
+    def agents(self) -> AgentRegistry:
+        """The agents this app hosts, by name (its turn workers must declare them)."""
+        from saga.agents.agent import AgentRegistry
+
+        if self._agents is None:
+            self._agents = AgentRegistry(self.registry)
+        return self._agents
+
+    def agent(self, name: str, policy: Policy, **options: Any) -> Agent:
+        """Declare an agent the workers run by name (see ``saga.agents.Agent``)."""
+        return self.agents.declare(name, policy, **options)
+
+    def enqueue_run(self, agent: str, input: str, run_id: str | None = None) -> str:
+        """Start a hosted run of ``agent`` and enqueue its first turn; return the run id at
+        once. The same ``run_id`` twice starts one run."""
+        from saga.agents.launch import enqueue_run
+
+        deadline = self.agents.get(agent).deadline or self.settings.run_deadline_seconds
+        return enqueue_run(self.store, self.app, agent, input, run_id, deadline)
+
+    def step_settled(self, run_id: str, step: int) -> None:
+        """The worker recorded a step's outcome: tell the listeners. Never raises: a lost
+        notice is repeated by the step's redelivery, or found by the reaper."""
+        for listener in self.listeners:
+            try:
+                listener.step_settled(run_id, step)
+            except Exception:
+                logger.exception("run %s: listener failed on step %d settling", run_id, step)
+
+    def revive_idle(self, run_id: str) -> bool:
+        """The reaper's question before abandoning an idle run: does a listener resume it?"""
+        for listener in self.listeners:
+            try:
+                if listener.run_idle(run_id):
+                    return True
+            except Exception:
+                logger.exception("run %s: listener failed to revive it", run_id)
+        return False
 
     # -- runs -----------------------------------------------------------------------------
 
@@ -138,8 +188,22 @@ class Saga:
 
     # -- dispatch -------------------------------------------------------------------------
 
-    def dispatch(self, run_id: str, tool_name: str, args: dict[str, Any]) -> StepHandle:
-        """Turn one agent-chosen call into a Celery task, or refuse it having changed nothing."""
+    def dispatch(
+        self,
+        run_id: str,
+        tool_name: str,
+        args: dict[str, Any],
+        *,
+        marker: str = "",
+        feed_back_failure: bool = False,
+    ) -> StepHandle:
+        """Turn one agent-chosen call into a Celery task, or refuse it having changed nothing.
+
+        ``marker`` (the hosted loop's ``<turn>:<call>``) is recorded with the step when it is
+        reserved: dispatching the same marker again returns that step, sending its message
+        again only if no delivery has begun it (the task's check-before-run makes a second
+        message a replay). ``feed_back_failure``: a final failure is ``rejected``, not an
+        unwind (the agent tells the model)."""
         from saga.runs import StepHandle
 
         tool = self.registry.offered(tool_name)
@@ -148,7 +212,12 @@ class Saga:
         args_json = payload.dumps(
             wire_args, what=f"arguments of {tool_name}", limit=self.settings.max_payload_bytes
         )
-        step = self._reserve(run_id, tool_name, tool.tool_class, args_json)
+        on_failure = "feed_back" if feed_back_failure else ""
+        step, fresh = self._reserve(
+            run_id, tool_name, tool.tool_class, args_json, marker, on_failure
+        )
+        if not fresh and self.store.step_outcome(run_id, step)[0] != StepState.DISPATCHED:
+            return StepHandle(self, run_id, step, tool_name)  # begun or settled already
         try:
             self.app.send_task(
                 tool_task_name(tool_name),
@@ -176,12 +245,23 @@ class Saga:
             raise DispatchError(f"the broker did not take {tool_name}: {exc}") from exc
         return StepHandle(self, run_id, step, tool_name)
 
-    def _reserve(self, run_id: str, tool_name: str, tool_class: ToolClass, args_json: str) -> int:
+    def _reserve(
+        self,
+        run_id: str,
+        tool_name: str,
+        tool_class: ToolClass,
+        args_json: str,
+        marker: str,
+        on_failure: str,
+    ) -> tuple[int, bool]:
+        """The step reserved, and whether it is new (False: the marker's earlier step)."""
         gate = rules.gate_for(tool_class)
         for _ in range(_RESERVE_ATTEMPTS):
-            outcome = self.store.reserve(run_id, tool_name, tool_class, args_json, gate)
-            if outcome.status == "ok":
-                return int(outcome.values[0])
+            outcome = self.store.reserve(
+                run_id, tool_name, tool_class, args_json, gate, marker, on_failure
+            )
+            if outcome.status in ("ok", "dup"):
+                return int(outcome.values[0]), outcome.status == "ok"
             if outcome.status == "ended":
                 raise RunEndedError(run_id, str(outcome.values[0]))
             view = self.store.view(run_id)

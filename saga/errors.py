@@ -98,6 +98,14 @@ class StepFailedError(SagaError):
         self.error = error
 
 
+class StepRejectedError(StepFailedError):
+    """The tool refused the call, or failed where the agent is told instead; the run goes on."""
+
+
+class ToolRejected(SagaError):
+    """A tool raises this for a business refusal: nothing happened, and the model is told why."""
+
+
 class StepSkippedError(SagaError):
     """The step never ran: the run started unwinding before it was picked up."""
 
@@ -174,6 +182,14 @@ class ModelCallError(SagaError):
 
 def _model_call_error(message: str, attributes: dict[str, Any], status: int | None) -> SagaError:
     return ModelCallError(message, status=status, **attributes)
+
+
+class UnknownAgentError(SagaError):
+    """No agent of this name is declared on this app (a typo, or a worker on an old deploy)."""
+
+
+class ApprovalError(SagaError):
+    """A decision on a call awaiting approval was refused: unknown, decided, stale or expired."""
 
 
 class ConversationError(SagaError):

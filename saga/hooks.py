@@ -17,3 +17,20 @@ class SagaHooks:
 
     def on_escalation(self, escalation: EscalationRecord) -> None:
         """Called when a person must take over: the record holds the whole picture."""
+
+
+class RunListener:
+    """What the engine tells the code that drives runs on the workers (the hosted agent loop):
+    a typed base with no-op methods, registered on ``Saga.listeners``.
+
+    Called from inside Celery tasks; a listener must never block on another task, and what it
+    raises is logged and dropped (each call is repeated by a redelivery or by the reaper).
+    """
+
+    def step_settled(self, run_id: str, step: int) -> None:
+        """A step's outcome is recorded: succeeded, failed, rejected, skipped or judged."""
+
+    def run_idle(self, run_id: str) -> bool:
+        """The reaper found the run running, nothing in flight, idle past its deadline.
+        Return True if the listener set it moving again (else the run is aborted)."""
+        return False

@@ -49,6 +49,9 @@ class StepState(StrEnum):
     IN_DOUBT = "in_doubt"
     SKIPPED = "skipped"
     NOT_DISPATCHED = "not_dispatched"
+    #: The tool refused (``ToolRejected``), or failed where its agent feeds failures back to the
+    #: model: nothing happened, and the run goes on.
+    REJECTED = "rejected"
 
 
 class CompensationState(StrEnum):

@@ -45,6 +45,8 @@ class StepRecord:
     lease: float | None = None
     #: "late" when its effect landed after the step had been judged failed or in doubt.
     landed: str = ""
+    #: For a step a hosted turn dispatched: ``<turn>:<call>``, which call of which answer.
+    call: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ class RunPicture:
     cause: str = ""
     #: True once the SQL record of an ended run matches this version (its keys may expire).
     recorded: bool = False
+    #: A hosted agent's loop, as stored (``saga.constants.agent_key``); empty for a run driven
+    #: by ``run.call``. ``saga.agents.turn_state`` reads it.
+    agent: dict[str, str] = field(default_factory=dict)
 
     def step(self, number: int) -> StepRecord:
         return next(s for s in self.steps if s.step == number)
@@ -112,6 +117,7 @@ def picture_from(
     stack: list[str],
     comps: dict[str, str],
     inflight: list[str],
+    agent: dict[str, str] | None = None,
 ) -> RunPicture:
     """Build the picture from the run's raw Redis hashes (read in one transaction)."""
     return RunPicture(
@@ -132,6 +138,7 @@ def picture_from(
         version=run.get("version", ""),
         cause=run.get("cause", ""),
         recorded=run.get("recorded") == "1",
+        agent=dict(agent or {}),
     )
 
 
@@ -159,6 +166,7 @@ def _steps_from(fields: dict[str, str], count: int) -> list[StepRecord]:
                 started=_number(fields, f"{n}:started"),
                 lease=_number(fields, f"{n}:lease"),
                 landed=fields.get(f"{n}:landed", ""),
+                call=fields.get(f"{n}:call", ""),
             )
         )
     return steps

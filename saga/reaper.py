@@ -101,6 +101,7 @@ def reconcile(saga: Saga, run_id: str, step: int) -> str:
     logger.warning("run %s: step %d (%s) was in doubt: %s", run_id, step, record.tool, verdict)
     if outcome.owns_unwind:
         saga.start_unwind(run_id, f"step:{step}")
+    saga.step_settled(run_id, step)
     return verdict
 
 
@@ -189,6 +190,9 @@ def _resolve(saga: Saga, picture: RunPicture, now: float, report: ReapReport) ->
             _resolve_step(saga, picture, step, idle, report)
         return
     if picture.state is RunState.RUNNING:
+        if saga.revive_idle(run_id):  # a hosted loop whose next turn was lost: sent again
+            report.resumed.append(run_id)
+            return
         try:
             if saga.abort(run_id, f"abandoned: no progress for {idle}s", version=picture.version):
                 report.abandoned.append(run_id)
@@ -216,6 +220,7 @@ def _resolve_step(
             report.never_started.append((run_id, step))
         if outcome.owns_unwind:
             saga.start_unwind(run_id, f"step:{step}")
+        saga.step_settled(run_id, step)
         return
     if state in (StepState.RUNNING, StepState.IN_DOUBT):
         error = {"type": "NoOutcome", "message": f"no outcome after {idle}s"}

@@ -16,6 +16,7 @@ from sqlalchemy import (
     JSON,
     Boolean,
     DateTime,
+    Integer,
     String,
     Table,
     Text,
@@ -30,6 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from saga.agents.turn_state import document as hosted_document
 from saga.model import CompensationState
 from saga.picture import RunPicture
 from saga.rules import not_undone
@@ -52,6 +54,20 @@ class RunRecord(_Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     steps: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+
+
+class TranscriptRecord(_Base):
+    """A hosted agent's conversation: its input, each turn's answer (raw response and usage
+    included) and what its calls returned; written with the run's record, in one transaction."""
+
+    __tablename__ = "saga_transcripts"
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    agent: Mapped[str] = mapped_column(String(100), index=True)
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    model_calls: Mapped[int] = mapped_column(Integer, default=0)
+    transcript: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
 class EscalationRecord(_Base):
@@ -142,8 +158,11 @@ class RecordStore:
         reason = picture.reason
         run = _run(picture, picture.state.value, reason)
         escalation = _escalation(picture, reason) if picture.state.value == "escalated" else None
+        hosted = hosted_document(picture)
         with self.engine.begin() as connection:
             self._upsert(connection, run)
+            if hosted is not None:
+                self._upsert(connection, _transcript(picture.run_id, hosted))
             if escalation is not None:
                 self._upsert(connection, escalation)
                 resolution = f"superseded by {escalation.escalation_id}"
@@ -178,6 +197,10 @@ class RecordStore:
         )
         with self.engine.begin() as connection:
             self._upsert(connection, record)
+
+    def transcript(self, run_id: str) -> TranscriptRecord | None:
+        with Session(self.engine, expire_on_commit=False) as session:
+            return session.get(TranscriptRecord, run_id)
 
     def resolve_escalations(self, run_id: str, resolution: str = "resolved") -> None:
         with self.engine.begin() as connection:
@@ -245,6 +268,18 @@ def _run(picture: RunPicture, state: str, reason: str) -> RunRecord:
         created_at=_when(picture.created),
         ended_at=_when(picture.ended or time.time()),
         steps=_steps_json(picture),
+    )
+
+
+def _transcript(run_id: str, hosted: dict[str, Any]) -> TranscriptRecord:
+    usage = hosted.get("usage") or {}
+    return TranscriptRecord(
+        run_id=run_id,
+        agent=hosted["agent"],
+        input_tokens=int(usage.get("input_tokens", 0)),
+        output_tokens=int(usage.get("output_tokens", 0)),
+        model_calls=int(hosted.get("model_calls", 0)),
+        transcript=hosted,
     )
 
 

@@ -13,6 +13,7 @@ from saga import payload
 from saga.errors import (
     StepFailedError,
     StepInDoubtError,
+    StepRejectedError,
     StepSkippedError,
     UnknownRunError,
     WaitTimeoutError,
@@ -74,6 +75,9 @@ class StepHandle:
             if state == StepState.FAILED:
                 message = (payload.loads(error) or {}).get("message", "failed")
                 raise StepFailedError(self.run_id, self.step, self.tool, message)
+            if state == StepState.REJECTED:
+                message = (payload.loads(error) or {}).get("message", "rejected")
+                raise StepRejectedError(self.run_id, self.step, self.tool, message)
             if state in (StepState.SKIPPED, StepState.NOT_DISPATCHED):
                 raise StepSkippedError(f"step {self.step} ({self.tool}) never ran: {state}")
             if state is None:

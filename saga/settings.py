@@ -31,8 +31,10 @@ class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     #: How long a finished run's Redis keys stay readable.
     retention_seconds: int = 7 * 24 * 3600
-    #: Largest JSON argument set, result or undo record accepted.
+    #: Largest JSON argument set, result, undo record or model answer accepted.
     max_payload_bytes: int = 256 * 1024
+    #: Largest transcript a hosted run may keep in Redis; past it the run ends (its on_limit).
+    max_transcript_bytes: int = 4 * 1024 * 1024
     #: How long ``StepHandle.result()`` and ``Run.finish()`` wait by default.
     wait_timeout: float = 60.0
     #: How long a run may go without progress before the reaper resolves it.
@@ -68,6 +70,7 @@ class Settings:
             database_url=env.get("SAGA_DATABASE_URL") or DEFAULT_DATABASE_URL,
             retention_seconds=_env_int("SAGA_RETENTION_SECONDS", cls.retention_seconds),
             max_payload_bytes=_env_int("SAGA_MAX_PAYLOAD_BYTES", cls.max_payload_bytes),
+            max_transcript_bytes=_env_int("SAGA_MAX_TRANSCRIPT_BYTES", cls.max_transcript_bytes),
             wait_timeout=float(_env_int("SAGA_WAIT_TIMEOUT", int(cls.wait_timeout))),
             store_outage_patience=float(
                 _env_int("SAGA_STORE_OUTAGE_PATIENCE", int(cls.store_outage_patience))

@@ -20,7 +20,7 @@ import redis
 from redis.commands.core import Script
 
 from saga import payload
-from saga.constants import ACTIVE_RUNS_KEY, run_keys, settled_key
+from saga.constants import ACTIVE_RUNS_KEY, agent_key, run_keys, script_keys, settled_key
 from saga.errors import ConfigurationError, StoreUnavailableError
 from saga.machine import lua_tables
 from saga.model import RunState, ToolClass
@@ -62,6 +62,8 @@ _SCRIPTS = (
     "mark_in_doubt",
     "resolve_in_doubt",
     "take_over",
+    "record_answer",
+    "decide_approval",
 )
 
 #: Answers of the scripts that mean "this transition is not in the table" (saga/machine.py).
@@ -125,7 +127,7 @@ class RunStore:
         return cls(client, retention_seconds)
 
     def _call(self, script: str, run_id: str, *args: Any, step: int | None = None) -> Outcome:
-        keys = run_keys(run_id)
+        keys = script_keys(run_id)
         if step is not None:
             keys.append(settled_key(run_id, step))
         with _reachable(script):
@@ -161,11 +163,20 @@ class RunStore:
 
     # -- the reaper's index -----------------------------------------------------------------
 
-    def create(self, run_id: str, deadline: float, allow_after_pivot: bool = False) -> bool:
+    def create(
+        self,
+        run_id: str,
+        deadline: float,
+        allow_after_pivot: bool = False,
+        agent: str = "",
+        input_json: str = "",
+    ) -> bool:
+        """Create the run (and, for a hosted ``agent``, its loop's hash with the input)."""
         # Indexed first, due at its deadline: a crash between the two leaves an index entry
         # without keys, which the reaper drops once it is long overdue (never a run without one).
         self.schedule(run_id, self.now() + deadline)
-        return self._call("create", run_id, int(allow_after_pivot), deadline).status == "1"
+        created = self._call("create", run_id, int(allow_after_pivot), deadline, agent, input_json)
+        return created.status == "1"
 
     def schedule(self, run_id: str, at: float) -> None:
         """Have the reaper look at the run at ``at`` (Redis clock)."""
@@ -210,14 +221,31 @@ class RunStore:
         )
 
     def reserve(
-        self, run_id: str, tool: str, tool_class: ToolClass, args_json: str, gate: CallGate
+        self,
+        run_id: str,
+        tool: str,
+        tool_class: ToolClass,
+        args_json: str,
+        gate: CallGate,
+        marker: str = "",
+        on_failure: str = "",
     ) -> Outcome:
         """Reserve the next step if ``gate`` holds right now: ``ok`` with the step number,
-        or ``refused`` / ``ended`` / ``unknown``, having changed nothing."""
+        or ``refused`` / ``ended`` / ``unknown``, having changed nothing; ``dup`` with the
+        step a call with this ``marker`` got before. ``on_failure="feed_back"``: a final
+        failure of the step is recorded as ``rejected`` and the run goes on."""
         unsettled = ",".join(str(int(c)) for c in sorted(gate.unsettled_classes))
         before_pivot = int(gate.before_pivot)
         return self._call(
-            "reserve", run_id, tool, int(tool_class), args_json, unsettled, before_pivot
+            "reserve",
+            run_id,
+            tool,
+            int(tool_class),
+            args_json,
+            unsettled,
+            before_pivot,
+            marker,
+            on_failure,
         )
 
     def release(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
@@ -246,8 +274,9 @@ class RunStore:
     def record_failure(
         self, run_id: str, step: int, error: dict[str, Any], event: str = "fail"
     ) -> Outcome:
-        """``event``: ``fail`` (the worker, after the retries) or ``never_started`` (the reaper's
-        verdict, refused for a step a delivery began)."""
+        """``event``: ``fail`` (the worker, after the retries), ``reject`` (nothing happened and
+        the run goes on) or ``never_started`` (the reaper's verdict, refused for a step a
+        delivery began)."""
         return self._call("record_failure", run_id, step, _error_json(error), event, step=step)
 
     def record_retry(self, run_id: str, step: int, error: dict[str, Any], hold: float) -> Outcome:
@@ -328,6 +357,20 @@ class RunStore:
     def requeue(self, run_id: str) -> Outcome:
         return self._call("requeue", run_id)
 
+    def record_answer(
+        self, run_id: str, turn: int, answer_json: str, input_tokens: int, output_tokens: int
+    ) -> Outcome:
+        """A hosted turn's model answer, first writer wins: ``ok`` or ``dup``, each with the
+        answer as recorded; ``unknown`` for a run with no agent."""
+        return self._call("record_answer", run_id, turn, answer_json, input_tokens, output_tokens)
+
+    def decide_approval(
+        self, run_id: str, marker: str, verdict: str, by: str, reason: str, args_hash: str
+    ) -> Outcome:
+        """A person's decision on a hosted call awaiting approval: ``ok``, or ``unknown`` /
+        ``decided`` / ``ended`` / ``mismatch`` (other arguments) / ``expired``."""
+        return self._call("decide_approval", run_id, marker, verdict, by, reason, args_hash)
+
     # -- reading --------------------------------------------------------------------------
 
     def head(self, run_id: str) -> RunHead | None:
@@ -374,10 +417,11 @@ class RunStore:
             pipe.lrange(stack_key, 0, -1)
             pipe.hgetall(comps_key)
             pipe.hkeys(inflight_key)
-            run, steps, stack, comps, inflight = pipe.execute()
+            pipe.hgetall(agent_key(run_id))
+            run, steps, stack, comps, inflight, agent = pipe.execute()
         if not run:
             return None
-        return picture_from(run_id, run, steps, stack, comps, inflight)
+        return picture_from(run_id, run, steps, stack, comps, inflight, agent)
 
 
 @contextmanager

@@ -194,8 +194,17 @@ class WorkerProcess:
 
 # -- fault injection --------------------------------------------------------------------------
 
-#: Where a fault can strike in a worker.
-FAULT_POINTS = ("before_effect", "after_effect", "before_compensation", "after_compensation")
+#: Where a fault can strike in a worker: around a tool's effect or a compensation, and in a
+#: hosted turn (``tool`` is then the agent's name after the answer is recorded, and the
+#: called tool's name after each call is dispatched).
+FAULT_POINTS = (
+    "before_effect",
+    "after_effect",
+    "before_compensation",
+    "after_compensation",
+    "after_model_answer",
+    "between_dispatches",
+)
 FAULTS_ENV = "SAGA_TESTING_FAULTS"
 
 _HIT = """

@@ -34,6 +34,7 @@ from saga.errors import (
     StepFailedError,
     StepInDoubtError,
     StoreUnavailableError,
+    ToolRejected,
 )
 from saga.guard import configuration_problems
 from saga.model import StepContext, ToolClass
@@ -60,8 +61,11 @@ _TASK_OPTIONS: dict[str, Any] = {
 def install(app: Celery, saga: Saga) -> None:
     """Register every tool of ``saga.registry``, the conclude and reap tasks, the start-up
     guard and the revoke handler on ``app``."""
+    from saga.agents.hosted import install_turn_tasks
+
     for tool in saga.registry:
         _install_tool(app, saga, tool)
+    install_turn_tasks(app, saga)
 
     @app.task(name=REAP_TASK, bind=True, ignore_result=True, shared=False)
     def reap(self: Task) -> dict[str, int]:
@@ -198,7 +202,8 @@ def _error(exc: BaseException, attempt: int) -> dict[str, Any]:
 
 
 def _retryable(exc: BaseException) -> bool:
-    return bool(getattr(exc, "retryable", True)) and not isinstance(exc, InvalidArgumentsError)
+    refused = isinstance(exc, InvalidArgumentsError | ToolRejected)
+    return bool(getattr(exc, "retryable", True)) and not refused
 
 
 def _call(tool: Tool, ctx: StepContext, args: dict[str, Any]) -> Any:
@@ -219,20 +224,25 @@ def _forward(
     if begin.status == "succeeded":  # a redelivery: replay, never re-apply
         _after_success(saga, run_id, step, int(begin.values[1]) == 1, int(begin.values[2]) == 1)
         return payload.loads(begin.values[0])
-    if begin.status == "failed":
+    if begin.status in ("failed", "rejected"):
         if int(begin.values[1]) == 1:  # a redelivered errback whose unwind was never sent
             saga.start_unwind(run_id, f"step:{step}")
+        saga.step_settled(run_id, step)  # its first delivery may have died before telling
         error = (payload.loads(begin.values[0] or None) or {}).get("message", "failed")
+        if begin.status == "rejected":
+            return {"rejected": error}
         raise StepFailedError(run_id, step, tool.name, f"{error} (redelivered)")
     if begin.status == "busy":  # another delivery holds the step: come back when it may not
         raise task.retry(countdown=min(float(begin.values[0]), _BUSY_WAIT.backoff_max))
     if begin.status != "run":
         if begin.owns_unwind:
             saga.start_unwind(run_id, f"step:{step}")
+        if begin.status == "skip":
+            saga.step_settled(run_id, step)
         log = logger.error if begin.status == "mismatch" else logger.warning
         log("run %s step %d (%s) not run: %s", run_id, step, tool.name, begin)
         raise Ignore()
-    attempt = int(begin.values[0])
+    attempt, feed_back = int(begin.values[0]), begin.values[1] == "feed_back"
     if attempt > tool.retry.attempts + saga.settings.max_redeliveries:
         # Only redeliveries push this far (the worker died mid-step each time): stop looping,
         # and let the lookup say whether the effect happened.
@@ -244,12 +254,17 @@ def _forward(
         _strike(saga, "before_effect", tool)
         result = _call(tool, ctx, args)
         _strike(saga, "after_effect", tool)
+    except ToolRejected as exc:  # a business refusal: nothing happened, the model is told
+        logger.info("run %s step %d (%s) rejected: %s", run_id, step, tool.name, exc)
+        _record_failure(saga, run_id, step, _error(exc, attempt), "reject")
+        return {"rejected": str(exc)}
     except Exception as exc:
         if _retryable(exc) and tool.retry.allows_another(attempt):
             countdown = tool.retry.delay(attempt)
             store.record_retry(run_id, step, _error(exc, attempt), countdown + saga.lease_seconds)
             raise task.retry(exc=exc, countdown=countdown) from exc
-        _settle_final_failure(saga, tool, run_id, step, args, _error(exc, attempt))
+        event = "reject" if feed_back else "fail"
+        _settle_final_failure(saga, tool, run_id, step, args, _error(exc, attempt), event)
         raise
     _settle_success_patiently(saga, tool, run_id, step, args, result)
     return result
@@ -261,10 +276,17 @@ def _claim(task: Task) -> str:
 
 
 def _settle_final_failure(
-    saga: Saga, tool: Tool, run_id: str, step: int, args: dict[str, Any], error: dict[str, Any]
+    saga: Saga,
+    tool: Tool,
+    run_id: str,
+    step: int,
+    args: dict[str, Any],
+    error: dict[str, Any],
+    event: str = "fail",
 ) -> None:
     """A write that raised may still have had its effect (a timeout after the request went
-    out): where the tool declares a lookup, ask it before concluding that nothing happened."""
+    out): where the tool declares a lookup, ask it before concluding that nothing happened.
+    ``event``: ``fail`` (the run unwinds) or ``reject`` (its agent feeds failures back)."""
     if tool.lookup is not None and tool.tool_class is not None and tool.tool_class.is_write:
         try:
             found = tool.lookup(step_idempotency_key(run_id, step), args)
@@ -282,9 +304,14 @@ def _settle_final_failure(
             )
             _settle_success_patiently(saga, tool, run_id, step, args, found)
             return
-    outcome = saga.store.record_failure(run_id, step, error)
+    _record_failure(saga, run_id, step, error, event)
+
+
+def _record_failure(saga: Saga, run_id: str, step: int, error: dict[str, Any], event: str) -> None:
+    outcome = saga.store.record_failure(run_id, step, error, event)
     if outcome.owns_unwind:
         saga.start_unwind(run_id, f"step:{step}")
+    saga.step_settled(run_id, step)
 
 
 def _settle_success_patiently(
@@ -337,6 +364,7 @@ def _after_success(saga: Saga, run_id: str, step: int, mine: bool, late: bool) -
         saga.landed_late(run_id)
     if mine:
         saga.start_unwind(run_id, f"step:{step}")
+    saga.step_settled(run_id, step)
 
 
 def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwind: str) -> Any:

@@ -2,7 +2,9 @@
 
 Scenario 1: the mail service is down, so the run unwinds: the ticket status is restored and the
 credit is reversed by a new ledger entry. Scenario 2: the reply goes out (the pivot), then the
-partner webhook fails, so nothing is unwound and a person gets the whole picture.
+partner webhook fails, so nothing is unwound and a person gets the whole picture. Scenario 3:
+the loop runs on the workers (a threads-pool worker plays the turns); its scripted model asks to
+send the reply in the same answer as the credit, is told to wait, and sends it next turn.
 
 Run with ``make demo`` (it provides Redis and stops everything it starts).
 """
@@ -53,6 +55,28 @@ def scenario(title: str, saga: Any, calls: list[tuple[str, dict[str, Any]]]) -> 
     systems.clear_switches()
 
 
+def hosted_scenario(saga: Any) -> None:
+    """Scenario 3: enqueue a run as a web app would, and print what each turn did."""
+    from tasks.timeline import render, render_systems
+
+    print("\n== Scenario 3: a hosted agent replies too early, is told to wait, and recovers ==")
+    run_id = saga.enqueue_run("refund", "Order 4921 arrived late. Refund it and tell Ada.")
+    picture = saga.run(run_id).wait(timeout=60)
+    from saga.client import status_of
+
+    for turn in status_of(picture).turns:
+        print(f"   model, turn {turn['turn']}: " + (turn["text"] or "asks for"))
+        for call, result in zip(turn["calls"], turn["results"] or [], strict=False):
+            where = f"step {call['step']}" if call["step"] else "refused"
+            content = result["content"]
+            shown = content.get("error") if result["is_error"] else content
+            print(f"      {call['name']} → {where}: {str(shown)[:150]}")
+    print()
+    print("\n".join(render(picture)))
+    print("\n   the three systems now:")
+    print("\n".join(render_systems()))
+
+
 def main() -> int:
     redis_url = os.environ.get("SAGA_REDIS_URL", "redis://localhost:6379")
     try:
@@ -75,8 +99,17 @@ def main() -> int:
         ("send_reply", {"to": EMAIL, "subject": "Your credit", "body": "We credited $2,500."}),
     ]
     log = DATA / "worker.log"
-    print(f"starting a Celery worker (log: {log})")
-    with WorkerProcess("tasks.app", concurrency=2, logfile=log, cwd=ROOT):
+    turns_log = DATA / "turn-worker.log"
+    print(f"starting a Celery worker (log: {log}) and a turn worker (log: {turns_log})")
+    turns = WorkerProcess(
+        "tasks.app",
+        pool="threads",
+        concurrency=10,
+        extra_args=["-Q", "saga.turns"],
+        logfile=turns_log,
+        cwd=ROOT,
+    )
+    with WorkerProcess("tasks.app", concurrency=2, logfile=log, cwd=ROOT), turns:
         systems.set_down("mail")
         scenario("Scenario 1: the mail service is down", saga, forward)
 
@@ -87,6 +120,9 @@ def main() -> int:
             {"url": "https://crm.example/hooks", "event": {"order": ORDER}},
         )
         scenario("Scenario 2: the reply is sent, then the webhook fails", saga, [*forward, webhook])
+
+        systems.reset()
+        hosted_scenario(saga)
     print(f"\nrecords: {os.environ['SAGA_DATABASE_URL']}  (runs and escalations, SQLAlchemy)")
     return 0
 

@@ -37,6 +37,12 @@ class ServiceUnavailableError(Exception):
     retryable = True
 
 
+class CreditRefusedError(ValueError):
+    """Billing refused the credit as asked (more than the order's total): nothing happened."""
+
+    retryable = False
+
+
 class NotFoundError(Exception):
     """The thing asked for does not exist, so no retry can help."""
 
@@ -367,7 +373,9 @@ def issue_credit(order_id: int, amount_cents: int, idempotency_key: str, memo: s
             return _credit_result(existing)
         order = _order_row(conn, order_id)
         if amount_cents > order.total_cents:
-            raise ValueError(f"credit {amount_cents} exceeds order total {order.total_cents}")
+            raise CreditRefusedError(
+                f"credit {amount_cents} exceeds order total {order.total_cents}"
+            )
         row = _append_entry(conn, order_id, "credit", amount_cents, idempotency_key, memo=memo)
         return _credit_result(row)
 

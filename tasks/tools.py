@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from saga import RetryPolicy, StepContext, ToolClass, ToolRegistry, Undo
+from saga import RetryPolicy, StepContext, ToolClass, ToolRegistry, ToolRejected, Undo
 from tasks import systems
 
 tools = ToolRegistry()
@@ -47,7 +47,10 @@ def _find(lookup: Any) -> Any:
 )
 def issue_credit(ctx: StepContext, order_id: int, amount_cents: int, memo: str = "") -> Any:
     """Credit a customer (class 4: undone by a new, visible reversing entry)."""
-    return systems.issue_credit(order_id, amount_cents, ctx.idempotency_key, memo)
+    try:
+        return systems.issue_credit(order_id, amount_cents, ctx.idempotency_key, memo)
+    except systems.CreditRefusedError as exc:  # billing said no: the agent may ask for less
+        raise ToolRejected(str(exc)) from exc
 
 
 @tools.compensation(retry=PATIENT_UNDO)

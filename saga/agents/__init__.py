@@ -3,10 +3,12 @@
 Offer the registry's tools (``tool_definitions``), read what the model asked for
 (``parse_response`` → ``ModelTurn`` of ``ToolCall``s), keep the conversation (``Transcript``),
 send the ``ToolResult``s back, and decide the next turn with a policy (``ChatModelPolicy`` over
-the user's own OpenAI or Anthropic client, or ``ScriptedPolicy``). Plain Python: no Celery, no
-Redis, and no model SDK is imported; the SDKs are optional extras.
+the user's own OpenAI or Anthropic client, or ``ScriptedPolicy``). No model SDK is imported; the
+SDKs are optional extras. Declare an ``Agent`` (``saga.agent(...)``) and the workers host its
+loop (``hosted``: one Celery task per turn); nothing here imports Celery.
 """
 
+from saga.agents.agent import Agent, AgentRegistry, Limits, OnFailure, OnLimit
 from saga.agents.chat_model import DEFAULT_ANTHROPIC_MAX_TOKENS, ChatModelPolicy
 from saga.agents.formats import parse_response, tool_definitions, wire_format
 from saga.agents.messages import ModelFormat, ModelTurn, ToolCall, ToolResult, Usage
@@ -14,7 +16,7 @@ from saga.agents.model_errors import model_call_error
 from saga.agents.policies import Policy, ScriptedPolicy, ScriptStep, take_turn
 from saga.agents.schema import CLASS_SENTENCES, offered_tools
 from saga.agents.transcript import Transcript
-from saga.errors import ConversationError, ModelCallError
+from saga.errors import ApprovalError, ConversationError, ModelCallError, UnknownAgentError
 
 __all__ = [
     # Offering tools
@@ -37,8 +39,16 @@ __all__ = [
     "ScriptStep",
     "ScriptedPolicy",
     "take_turn",
+    # Hosting an agent on the workers
+    "Agent",
+    "AgentRegistry",
+    "Limits",
+    "OnFailure",
+    "OnLimit",
     # Errors
+    "ApprovalError",
     "ConversationError",
     "ModelCallError",
+    "UnknownAgentError",
     "model_call_error",
 ]

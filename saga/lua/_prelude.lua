@@ -1,7 +1,9 @@
--- Shared by every script. KEYS: run, steps, inflight, stack, comps (see saga/constants.py).
+-- Shared by every script. KEYS: run, steps, inflight, stack, comps, agent (see
+-- saga/constants.py; agent is the hosted loop's hash, absent for a run driven by run.call).
 local RUN, STEPS, INFLIGHT, STACK, COMPS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
--- KEYS[6], when given: the list a client waiting on this step blocks on (BLPOP).
-local SETTLED = KEYS[6]
+local AGENT = KEYS[6]
+-- KEYS[7], when given: the list a client waiting on this step blocks on (BLPOP).
+local SETTLED = KEYS[7]
 
 -- One clock for every host: the Redis server's. Times are stored as seconds with microseconds.
 local function clock()
@@ -65,7 +67,7 @@ local function run_fails(why)
 end
 
 local function persist_all()
-  for _, key in ipairs({RUN, STEPS, INFLIGHT, STACK, COMPS}) do redis.call('PERSIST', key) end
+  for _, key in ipairs({RUN, STEPS, INFLIGHT, STACK, COMPS, AGENT}) do redis.call('PERSIST', key) end
 end
 
 local function push_undo(n, entry)

@@ -20,6 +20,9 @@ end
 if st == 'failed' then
   return {'failed', redis.call('HGET', STEPS, n .. ':error') or '', still_mine(owner)}
 end
+if st == 'rejected' then
+  return {'rejected', redis.call('HGET', STEPS, n .. ':error') or '', still_mine(owner)}
+end
 if st == 'dispatched' and run_state ~= 'running' then
   -- Never started, and the run is already failing: running it now would only add work to undo.
   redis.call('HSET', STEPS, n .. ':state', move('step', st, 'skip'))
@@ -36,4 +39,6 @@ redis.call('HSET', STEPS, n .. ':state', to, n .. ':started', NOW_S, n .. ':clai
   n .. ':lease', string.format('%.6f', NOW + tonumber(ARGV[5])))
 local attempts = redis.call('HINCRBY', STEPS, n .. ':attempts', 1)
 bump()
-return {'run', attempts}
+-- How a final failure of this step is recorded: 'feed_back' (the agent is told; the run goes
+-- on) or '' (the run unwinds).
+return {'run', attempts, redis.call('HGET', STEPS, n .. ':on_failure') or ''}

@@ -8,5 +8,8 @@ if run[1] ~= 'completed' and run[1] ~= 'compensated' and run[1] ~= 'escalated' t
 end
 if run[2] ~= ARGV[1] then return {'moved', run[1]} end
 redis.call('HSET', RUN, 'recorded', '1')
-for _, key in ipairs({RUN, STEPS, INFLIGHT, STACK, COMPS}) do redis.call('EXPIRE', key, ARGV[2]) end
+-- The hosted loop's hash (transcript, turns) goes with the run: its SQL record holds it too.
+for _, key in ipairs({RUN, STEPS, INFLIGHT, STACK, COMPS, AGENT}) do
+  redis.call('EXPIRE', key, ARGV[2])
+end
 return {'ok'}

@@ -1,9 +1,18 @@
--- ARGV: tool, class, args_json, unsettled_classes (comma list), before_pivot ('0'/'1')
+-- ARGV: tool, class, args_json, unsettled_classes (comma list), before_pivot ('0'/'1'),
+--       marker ('' or the hosted loop's "<turn>:<call>"), on_failure ('' | 'feed_back')
 -- The gate (which classes must have settled, whether the run must be before its pivot)
 -- comes from saga/rules.py; this script only checks it atomically and reserves the step.
 -- A refusal changes nothing; the caller explains it from a fresh view.
+-- A marker is recorded with the step, in the same script: a call reserved once under a
+-- marker is never reserved again ('dup' answers the step it got), so a turn that crashed
+-- between reserving and sending can look its calls up and resume them.
 local state = redis.call('HGET', RUN, 'state')
 if not state then return {'unknown'} end
+local marker = ARGV[6] or ''
+if marker ~= '' then
+  local had = redis.call('HGET', STEPS, 'call:' .. marker)
+  if had then return {'dup', had} end
+end
 if state ~= 'running' then return {'ended', state} end
 local blocking = {}
 for class in string.gmatch(ARGV[4], '[^,]+') do blocking[class] = true end
@@ -20,6 +29,12 @@ end
 local n = redis.call('HINCRBY', RUN, 'next_step', 1)
 redis.call('HSET', STEPS, n .. ':tool', ARGV[1], n .. ':class', ARGV[2], n .. ':args', ARGV[3],
   n .. ':state', 'dispatched', n .. ':attempts', 0, n .. ':at', NOW_S)
+if marker ~= '' then
+  redis.call('HSET', STEPS, 'call:' .. marker, n, n .. ':call', marker)
+end
+if ARGV[7] and ARGV[7] ~= '' then
+  redis.call('HSET', STEPS, n .. ':on_failure', ARGV[7])
+end
 redis.call('HSET', INFLIGHT, n, ARGV[2])
 bump()
 return {'ok', n}

@@ -224,6 +224,7 @@ def test_recorded_run_is_read_back(records: RecordStore) -> None:
             "started": None,
             "lease": None,
             "landed": "",
+            "call": "",
         },
         {
             "step": 2,
@@ -238,6 +239,7 @@ def test_recorded_run_is_read_back(records: RecordStore) -> None:
             "started": None,
             "lease": None,
             "landed": "",
+            "call": "",
         },
     ]
     assert records.run(uuid.uuid4().hex) is None

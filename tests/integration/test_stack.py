@@ -355,9 +355,9 @@ def test_begin_step_counts_attempts_and_replays_outcomes(store: RunStore, new_ru
     good = reserve(store, run_id, "get_order", ToolClass.READ)
     bad = reserve(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
 
-    assert begin(store, run_id, good) == Outcome("run", (1,))
+    assert begin(store, run_id, good) == Outcome("run", (1, ""))
     assert begin(store, run_id, good).status == "busy"  # the first delivery holds its lease
-    assert begin(store, run_id, bad) == Outcome("run", (1,))
+    assert begin(store, run_id, bad) == Outcome("run", (1, ""))
     succeed(store, run_id, good)
     fail(store, run_id, bad, "card declined")
 

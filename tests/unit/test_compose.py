@@ -24,10 +24,24 @@ def test_redis_keeps_the_stack_durable_and_never_evicts_it() -> None:
 
 def test_every_saga_process_points_at_the_same_redis_and_the_reaper_runs() -> None:
     services = _compose()["services"]
-    assert {"redis", "worker", "beat", "flower", "postgres"} <= set(services)
-    for name in ("worker", "beat", "flower"):
+    assert {"redis", "worker", "turns", "beat", "flower", "postgres"} <= set(services)
+    for name in ("worker", "turns", "beat", "flower"):
         env = services[name]["environment"]
         assert env["SAGA_BROKER_URL"].startswith("redis://redis:6379/")
         assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
     assert "celery -A tasks.app beat" in services["beat"]["command"]
     assert services["worker"]["environment"]["SAGA_DATABASE_URL"].startswith("postgresql+")
+
+
+def test_turns_run_on_a_threads_pool_on_their_own_queue() -> None:
+    """Model calls never hold a prefork slot: the turn worker serves saga.turns with threads,
+    and the tool worker does not consume that queue."""
+    import celeryconfig
+    from saga.constants import AGENT_TURN_TASK, TURN_QUEUE
+
+    services = _compose()["services"]
+    turns = services["turns"]["command"]
+    assert "-P threads" in turns and f"-Q {TURN_QUEUE}" in turns
+    assert "-Q celery" in services["worker"]["command"]
+    assert celeryconfig.task_routes[AGENT_TURN_TASK] == {"queue": TURN_QUEUE}
+    assert services["turns"]["environment"]["SAGA_DATABASE_URL"].startswith("postgresql+")

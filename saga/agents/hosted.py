@@ -1,0 +1,370 @@
+"""The agent loop, hosted on the workers: one Celery task per turn.
+
+A turn (``saga.agent_turn``, on the ``saga.turns`` queue, served by a threads pool so a model
+call never holds a prefork slot) asks the policy once, records the answer (first writer
+wins), then dispatches the answer's calls through ``Saga.dispatch`` in the model's order, each
+under its marker ``<turn>:<call>``, which the reserve script records with the step. It never
+waits for a step: whoever settles the turn's last step (a tool task, through
+``Saga.step_settled``; or the turn itself, if every call was refused or settled at once)
+marks the turn done, first writer wins, and sends the next turn.
+
+Crash-safety: a redelivered turn finds its answer recorded and does not ask again; each call
+is either refused (recorded), or already has its step (the dispatcher answers it, and sends
+its message again only if no delivery began it, which the tool task replays), or is
+dispatched now. A lost "next turn" is sent again by the step's redelivery or, past the
+run's deadline, by the reaper (``run_idle``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from saga.agents.agent import Agent, OnFailure, OnLimit
+from saga.agents.launch import send_turn
+from saga.agents.messages import ModelTurn, ToolCall
+from saga.agents.policies import take_turn
+from saga.agents.turn_state import (
+    LoopState,
+    TurnStore,
+    args_hash,
+    call_steps,
+    consecutive_refusals,
+    transcript_until,
+    turn_results,
+)
+from saga.constants import AGENT_TURN_TASK, START_UNWIND_TASK, call_marker
+from saga.errors import (
+    CallRefusedError,
+    DispatchError,
+    InvalidArgumentsError,
+    ModelCallError,
+    PayloadError,
+    RunEndedError,
+    StepsInFlightError,
+    UnknownAgentError,
+    UnknownToolError,
+)
+from saga.hooks import RunListener
+from saga.model import RunState, ToolClass
+
+if TYPE_CHECKING:
+    from saga.engine import Saga
+    from saga.picture import RunPicture
+
+logger = logging.getLogger("saga.agents")
+
+#: Longest wait a provider's Retry-After is honoured for, so a retried turn stays well within
+#: the broker's visibility timeout.
+LONGEST_MODEL_WAIT = 300.0
+#: How often the reaper may send a stalled turn again before it aborts the run as abandoned.
+MAX_REVIVALS = 3
+#: A turn whose model is being asked by another delivery comes back after this long.
+_LEASE_WAIT = 2.0
+_PRE_PIVOT = (ToolClass.CONVERGENT_WRITE, ToolClass.REVERSIBLE_WRITE, ToolClass.COMPENSATABLE_WRITE)
+
+
+def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> float | None:
+    """Play turn ``turn`` of a hosted run; returns seconds after which to try again (a
+    retryable model error, or another delivery asking the model), else None."""
+    picture = saga.store.picture(run_id)
+    state = LoopState.parse(picture.agent) if picture is not None else None
+    if picture is None or state is None:
+        logger.error("run %s: turn %d of a run with no agent state; dropped", run_id, turn)
+        return None
+    if picture.state is not RunState.RUNNING or turn in state.advanced:
+        return None  # the run is failing or ended, or this turn is done: a late duplicate
+    if turn != state.current_turn:
+        logger.warning(
+            "run %s: turn %d arrived while turn %d is current", run_id, turn, state.current_turn
+        )
+        return None
+    try:
+        agent = saga.agents.get(state.agent)
+    except UnknownAgentError as exc:
+        _end(saga, run_id, turn, OnLimit.UNWIND, str(exc))
+        return None
+    turns = TurnStore(saga.store, saga.settings.max_payload_bytes)
+    answer = state.answers.get(turn)
+    if answer is None:
+        asked = _ask(saga, turns, agent, picture, state, turn, attempt)
+        if not isinstance(asked, ModelTurn):
+            return asked
+        answer = asked
+    _strike(saga, "after_model_answer", agent.name)
+    if answer.finished:
+        _end(saga, run_id, turn, OnLimit.FINISH, "final answer")
+        return None
+    used = sum(1 for s in picture.steps if s.call and int(s.call.split(":")[0]) < turn)
+    if used + len(answer.calls) > agent.limits.max_tool_calls:
+        why = f"tool call limit: {used} made, {len(answer.calls)} more asked for, limit "
+        _end(saga, run_id, turn, agent.limits.on_limit, f"{why}{agent.limits.max_tool_calls}")
+        return None
+    if not _dispatch_calls(saga, turns, agent, picture, state, turn, answer):
+        return None
+    advance_if_settled(saga, run_id, turn)
+    return None
+
+
+def _ask(
+    saga: Saga,
+    turns: TurnStore,
+    agent: Agent,
+    picture: RunPicture,
+    state: LoopState,
+    turn: int,
+    attempt: int,
+) -> ModelTurn | float | None:
+    """Freeze the results the model is about to read, check the limits, and ask the policy
+    once: the recorded answer, a retry delay, or None when the run ended here."""
+    run_id = picture.run_id
+    for k in range(1, turn):
+        if state.answers[k].calls and k not in state.results:
+            results = turn_results(picture, state, k)
+            if results is None:  # cannot happen: turn k advanced only once all settled
+                logger.error("run %s: turn %d started before turn %d settled", run_id, turn, k)
+                return None
+            state.results[k] = turns.freeze_results(run_id, k, results)
+    ended = _limit_reached(agent, state, turn, saga.settings.max_transcript_bytes)
+    if ended is not None:
+        how, why = ended
+        _end(saga, run_id, turn, how, why)
+        return None
+    most = agent.model_retry.attempts + saga.settings.max_redeliveries
+    if state.asked.get(turn, 0) >= most:  # every delivery died or failed asking: stop looping
+        why = f"turn {turn} was asked {state.asked[turn]} times without an answer"
+        _end(saga, run_id, turn, OnLimit.UNWIND, why)
+        return None
+    if not turns.take_lease(run_id, turn, saga.lease_seconds):
+        return _LEASE_WAIT
+    try:
+        turns.count_model_call(run_id, turn)
+        answer = take_turn(agent.policy, transcript_until(state, turn), agent.tools)
+        return turns.record_answer(run_id, turn, answer)
+    except ModelCallError as exc:
+        if exc.retryable and agent.model_retry.allows_another(attempt):
+            wait = exc.retry_after if exc.retry_after is not None else None
+            delay = agent.model_retry.delay(attempt) if wait is None else wait
+            logger.warning("run %s turn %d: %s; asking again in %.1fs", run_id, turn, exc, delay)
+            return min(delay, LONGEST_MODEL_WAIT)
+        _end(saga, run_id, turn, OnLimit.UNWIND, f"model call failed: {exc}")
+    except PayloadError as exc:
+        _end(saga, run_id, turn, OnLimit.UNWIND, f"the model's answer cannot be kept: {exc}")
+    except Exception as exc:  # a bug in the policy: every retry would fail the same way
+        logger.exception("run %s turn %d: the policy raised", run_id, turn)
+        _end(saga, run_id, turn, OnLimit.UNWIND, f"the policy failed: {type(exc).__name__}: {exc}")
+    finally:
+        turns.release_lease(run_id, turn)
+    return None
+
+
+def _limit_reached(
+    agent: Agent, state: LoopState, turn: int, transcript_limit: int
+) -> tuple[OnLimit | str, str] | None:
+    """Checked before each model call: the turn before has settled, so finishing is possible."""
+    limits = agent.limits
+    refusals = consecutive_refusals(state, turn)
+    if refusals > limits.max_consecutive_refusals:
+        return OnLimit.UNWIND, f"{refusals} refused or failed calls in a row"
+    if turn > limits.max_turns:
+        return limits.on_limit, f"turn limit: {limits.max_turns} turns"
+    if limits.token_budget is not None and state.usage.total_tokens >= limits.token_budget:
+        used = state.usage.total_tokens
+        return limits.on_limit, f"token budget: {used} of {limits.token_budget} used"
+    if state.size > transcript_limit:
+        return limits.on_limit, f"transcript limit: {state.size} of {transcript_limit} bytes"
+    return None
+
+
+def _dispatch_calls(
+    saga: Saga,
+    turns: TurnStore,
+    agent: Agent,
+    picture: RunPicture,
+    state: LoopState,
+    turn: int,
+    answer: ModelTurn,
+) -> bool:
+    """Dispatch (or refuse) each call in the model's order; False if the run stopped taking
+    calls meanwhile (it is failing: the unwind needs no more turns)."""
+    run_id = picture.run_id
+    writes = [i for i, c in enumerate(answer.calls) if _class_of(agent, c) in _PRE_PIVOT]
+    for i, call in enumerate(answer.calls):
+        if (turn, i) in state.refused:
+            continue
+        refusal = _refusal(agent, call, i, writes, answer)
+        if refusal:
+            turns.record_refusal(run_id, turn, i, refusal)
+            continue
+        tool = agent.tool(call.name)
+        assert tool is not None
+        if tool.name in agent.approval:
+            verdict = _approval(saga, turns, picture, state, turn, i, call)
+            if verdict is None:
+                continue  # waits for a person; deciding sends this turn again
+            if verdict:
+                turns.record_refusal(run_id, turn, i, verdict)
+                continue
+        try:
+            saga.dispatch(
+                run_id,
+                call.name,
+                call.arguments,
+                marker=call_marker(turn, i),
+                feed_back_failure=agent.failure_mode(tool) is OnFailure.FEED_BACK,
+            )
+        except (CallRefusedError, InvalidArgumentsError, UnknownToolError, PayloadError) as exc:
+            turns.record_refusal(run_id, turn, i, str(exc))
+        except RunEndedError:
+            return False
+        except DispatchError:  # released: its step says "not dispatched", and the model is told
+            logger.warning("run %s turn %d: call %d not taken by the broker", run_id, turn, i)
+        _strike(saga, "between_dispatches", call.name)
+    return True
+
+
+def _approval(
+    saga: Saga,
+    turns: TurnStore,
+    picture: RunPicture,
+    state: LoopState,
+    turn: int,
+    i: int,
+    call: ToolCall,
+) -> str | None:
+    """For a call that needs a person: '' once approved (dispatch it), the refusal the model
+    is told (denied, expired), or None while it waits (asked now if not asked yet)."""
+    decision = state.decisions.get((turn, i))
+    if decision is not None:
+        if decision["verdict"] == "approved" and decision["args_hash"] == args_hash(call):
+            return ""
+        why = decision.get("reason") or "no reason given"
+        return f"a person ({decision.get('by') or 'unknown'}) declined {call.name}: {why}"
+    request = state.approvals.get((turn, i))
+    if request is None:
+        turns.request_approval(picture.run_id, turn, i, call)
+        logger.info("run %s turn %d: %s waits for approval", picture.run_id, turn, call.name)
+        return None
+    if saga.store.now() > float(request["requested_at"]) + picture.deadline:
+        return f"nobody approved {call.name} in time; the request expired"
+    return None
+
+
+def _class_of(agent: Agent, call: ToolCall) -> ToolClass | None:
+    tool = agent.tool(call.name)
+    return None if tool is None or call.error else tool.tool_class
+
+
+def _refusal(agent: Agent, call: ToolCall, i: int, writes: list[int], answer: ModelTurn) -> str:
+    """Why call ``i`` is not dispatched at all ('' if it is): the model can act on each."""
+    if call.error:
+        return call.error
+    if agent.tool(call.name) is None:
+        return f"unknown tool {call.name!r}; you may call: {', '.join(agent.tool_names)}"
+    others = [answer.calls[j].name for j in writes if j != i]
+    if _class_of(agent, call) is ToolClass.IRREVERSIBLE_WRITE and others:
+        return (
+            f"{call.name} is irreversible (class 5) and was asked for in the same answer as "
+            f"{', '.join(others)}; it is not run until those have settled: ask for it again "
+            "in your next turn if they succeed"
+        )
+    return ""
+
+
+def advance_if_settled(saga: Saga, run_id: str, turn: int) -> None:
+    """If every call of ``turn`` is refused or settled, mark the turn done (first writer wins)
+    and send the next one. Safe to call any number of times, from anywhere."""
+    picture = saga.store.picture(run_id)
+    state = LoopState.parse(picture.agent) if picture is not None else None
+    if picture is None or state is None or picture.state is not RunState.RUNNING:
+        return
+    answer = state.answers.get(turn)
+    if answer is None or turn in state.advanced:
+        return
+    steps = call_steps(picture)
+    for i in range(len(answer.calls)):
+        if (turn, i) in state.refused:
+            continue
+        step = steps.get(call_marker(turn, i))
+        if step is None or step.step in picture.in_flight:
+            return
+    turns = TurnStore(saga.store, saga.settings.max_payload_bytes)
+    if turns.mark_advanced(run_id, turn, "next"):
+        send_turn(saga.app, run_id, turn + 1)
+
+
+def _end(saga: Saga, run_id: str, turn: int, how: OnLimit | str, why: str) -> None:
+    """Stop the loop: complete the run, or abort it (unwind, or escalate past the pivot)."""
+    turns = TurnStore(saga.store, saga.settings.max_payload_bytes)
+    turns.mark_ended(run_id, why)
+    turns.mark_advanced(run_id, turn, why)
+    logger.info("run %s: the loop ends at turn %d (%s): %s", run_id, turn, how, why)
+    try:
+        if how == OnLimit.FINISH:
+            try:
+                saga.complete(run_id)
+                return
+            except StepsInFlightError:
+                why = f"{why}, with steps still in flight"
+        saga.abort(run_id, why)
+    except RunEndedError:
+        pass
+
+
+def _strike(saga: Saga, point: str, name: str) -> None:
+    if saga.faults is not None:
+        saga.faults.strike(point, name)
+
+
+class HostedLoop(RunListener):
+    """Moves hosted runs on when their steps settle, and revives a stalled one."""
+
+    def __init__(self, saga: Saga) -> None:
+        self.saga = saga
+
+    def step_settled(self, run_id: str, step: int) -> None:
+        turns = TurnStore(self.saga.store, self.saga.settings.max_payload_bytes)
+        marker = turns.call_of(run_id, step)
+        if marker:
+            advance_if_settled(self.saga, run_id, int(marker.split(":")[0]))
+
+    def run_idle(self, run_id: str) -> bool:
+        """Send the current turn again (or, if it is done, the next): its message or the
+        notice of its last step was lost. Gives up after ``MAX_REVIVALS``."""
+        picture = self.saga.store.picture(run_id)
+        state = LoopState.parse(picture.agent) if picture is not None else None
+        if picture is None or state is None or state.ended:
+            return False
+        turns = TurnStore(self.saga.store, self.saga.settings.max_payload_bytes)
+        if turns.count_revival(run_id) > MAX_REVIVALS:
+            return False
+        turn = state.current_turn
+        logger.warning("run %s: idle at turn %d; sending it again", run_id, turn)
+        send_turn(self.saga.app, run_id, turn)  # it resumes, then moves the run on itself
+        return True
+
+
+def install_turn_tasks(app: Any, saga: Saga) -> None:
+    """Register ``saga.agent_turn`` and ``saga.start_unwind`` (both on the turns queue)."""
+    options: dict[str, Any] = {
+        "bind": True,
+        "acks_late": True,
+        "reject_on_worker_lost": True,
+        "max_retries": None,  # the agent's model_retry decides
+        "ignore_result": True,
+        "shared": False,
+    }
+
+    @app.task(name=AGENT_TURN_TASK, **options)
+    def agent_turn(self: Any, run_id: str, turn: int) -> None:
+        delay = run_turn(saga, run_id, int(turn), attempt=self.request.retries + 1)
+        if delay is not None:
+            raise self.retry(countdown=delay)
+
+    @app.task(name=START_UNWIND_TASK, **options)
+    def start_unwind(self: Any, run_id: str, owner: str) -> None:
+        picture = saga.store.picture(run_id)
+        if picture is None or picture.state is not RunState.UNWINDING:
+            return
+        if picture.extra.get("owner") == owner and picture.extra.get("sent") == "0":
+            saga.start_unwind(run_id, owner)

@@ -1,0 +1,56 @@
+"""Starting a hosted run and sending its turns: what the web app (``saga.client``) and the
+workers share. No tool code, no Celery import: tasks are sent by name on the app given.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from saga.constants import AGENT_TURN_TASK, TURN_QUEUE, agent_key, turn_task_id
+from saga.errors import PayloadError, RunExistsError
+from saga.stack import RunStore
+from saga.validation import check_deadline, check_run_id
+
+
+def enqueue_run(
+    store: RunStore,
+    app: Any,
+    agent: str,
+    input: str,
+    run_id: str | None = None,
+    deadline: float = 900,
+    max_input_bytes: int = 256 * 1024,
+) -> str:
+    """Create the run and its loop's state in one script, then send turn 1; return the id.
+
+    The same ``run_id`` again is not an error: the run exists, so nothing is created, and
+    turn 1 is sent again only if it has no answer yet (the first call may have died before
+    sending it; a second message of a turn only replays it)."""
+    if not isinstance(input, str):
+        raise PayloadError("the input of a hosted run is the user's message, a string")
+    if len(input.encode()) > max_input_bytes:
+        raise PayloadError(f"the input is over the limit of {max_input_bytes} bytes")
+    run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
+    deadline = check_deadline(deadline)
+    if not store.create(run_id, deadline, agent=agent, input_json=input):
+        existing = store.client.hget(agent_key(run_id), "name")
+        if existing != agent:
+            owner = f"agent {existing!r}" if existing else "run.call"
+            raise RunExistsError(f"run {run_id} already exists, driven by {owner}")
+        head = store.head(run_id)
+        started = store.client.hexists(agent_key(run_id), "1:answer")
+        if started or head is None or head.state.value != "running":
+            return run_id
+    send_turn(app, run_id, 1)
+    return run_id
+
+
+def send_turn(app: Any, run_id: str, turn: int) -> None:
+    """Send turn ``turn`` to the turns queue, under the turn's own task id."""
+    app.send_task(
+        AGENT_TURN_TASK,
+        kwargs={"run_id": run_id, "turn": turn},
+        task_id=turn_task_id(run_id, turn),
+        queue=TURN_QUEUE,
+    )

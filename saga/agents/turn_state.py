@@ -1,0 +1,312 @@
+"""The hosted loop's durable state: one hash per run (``saga.constants.agent_key``) beside the
+run's own keys, under its hash tag, expiring with them once the run's record is written.
+
+What is recorded, and who may write it: a turn's answer (first writer wins, in one script
+with its usage), the refusal of a call (first writer wins), the results a turn's calls
+returned (first writer wins, frozen before the next model call reads them) and "turn k is
+done" (first writer wins: the one that wins enqueues the next turn). The step each call got
+is recorded by the dispatcher's own reserve script, in the steps hash (``call:<k>:<i>``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from saga import payload
+from saga.agents.messages import ModelTurn, ToolCall, ToolResult, Usage
+from saga.agents.transcript import Transcript
+from saga.constants import agent_key, call_marker, run_keys, turn_lease_key
+from saga.errors import PayloadError
+from saga.model import StepState
+from saga.picture import RunPicture, StepRecord
+from saga.stack import RunStore
+
+_TURN_FIELD = re.compile(r"^(\d+):(answer|results|advanced|asked)$")
+_CALL_FIELD = re.compile(r"^(\d+):(\d+):(refused|approval|decision)$")
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """The agent hash of one run, parsed."""
+
+    agent: str
+    input: str
+    answers: dict[int, ModelTurn] = field(default_factory=dict)
+    results: dict[int, tuple[ToolResult, ...]] = field(default_factory=dict)
+    refused: dict[tuple[int, int], str] = field(default_factory=dict)
+    advanced: dict[int, str] = field(default_factory=dict)
+    #: Policy calls per turn (more than one only after a retryable error or a crash).
+    asked: dict[int, int] = field(default_factory=dict)
+    #: Calls waiting for a person, and the decisions taken, by (turn, call).
+    approvals: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    decisions: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    model_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
+    size: int = 0
+    ended: str = ""
+    revived: int = 0
+
+    @classmethod
+    def parse(cls, fields: dict[str, str]) -> LoopState | None:
+        """None for a run with no agent (driven by ``run.call``)."""
+        if "name" not in fields:
+            return None
+        answers: dict[int, ModelTurn] = {}
+        results: dict[int, tuple[ToolResult, ...]] = {}
+        advanced: dict[int, str] = {}
+        asked: dict[int, int] = {}
+        refused: dict[tuple[int, int], str] = {}
+        approvals: dict[tuple[int, int], dict[str, Any]] = {}
+        decisions: dict[tuple[int, int], dict[str, Any]] = {}
+        for name, value in fields.items():
+            if match := _TURN_FIELD.match(name):
+                turn, kind = int(match[1]), match[2]
+                if kind == "answer":
+                    answers[turn] = ModelTurn.from_dict(json.loads(value))
+                elif kind == "results":
+                    results[turn] = tuple(ToolResult.from_dict(r) for r in json.loads(value))
+                elif kind == "asked":
+                    asked[turn] = int(value)
+                else:
+                    advanced[turn] = value
+            elif match := _CALL_FIELD.match(name):
+                where, kind = (int(match[1]), int(match[2])), match[3]
+                if kind == "refused":
+                    refused[where] = value
+                else:
+                    (approvals if kind == "approval" else decisions)[where] = json.loads(value)
+        return cls(
+            agent=fields["name"],
+            input=fields.get("input", ""),
+            answers=answers,
+            results=results,
+            refused=refused,
+            advanced=advanced,
+            asked=asked,
+            approvals=approvals,
+            decisions=decisions,
+            model_calls=int(fields.get("model_calls") or 0),
+            usage=Usage(int(fields.get("tokens_in") or 0), int(fields.get("tokens_out") or 0)),
+            size=int(fields.get("bytes") or 0),
+            ended=fields.get("ended", ""),
+            revived=int(fields.get("revived") or 0),
+        )
+
+    @property
+    def current_turn(self) -> int:
+        """The first turn not done yet."""
+        return max(self.advanced, default=0) + 1
+
+    def pending_approvals(self) -> list[dict[str, Any]]:
+        """Calls of the current turn that wait for a person's decision."""
+        turn = self.current_turn
+        return [
+            {"id": call_marker(*where), **request}
+            for where, request in sorted(self.approvals.items())
+            if where[0] == turn and where not in self.decisions and where not in self.refused
+        ]
+
+
+def args_hash(call: ToolCall) -> str:
+    """What an approval is bound to: the tool and its exact arguments, canonically."""
+    text = json.dumps({"tool": call.name, "arguments": call.arguments}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def call_steps(picture: RunPicture) -> dict[str, StepRecord]:
+    """The steps hosted turns dispatched, by their call marker ``<turn>:<call>``."""
+    return {s.call: s for s in picture.steps if s.call}
+
+
+def result_of(call: ToolCall, step: StepRecord | None, refused: str | None) -> ToolResult | None:
+    """What call ``call`` tells the model, or None while its step has not settled."""
+    if refused is not None:
+        return ToolResult.failure(call.id, refused)
+    if step is None:
+        return None
+    message = (step.error or {}).get("message", "")
+    if step.state is StepState.SUCCEEDED:
+        return ToolResult(call.id, step.result)
+    if step.state is StepState.REJECTED:
+        return ToolResult.failure(call.id, message or f"{call.name} was rejected")
+    if step.state is StepState.FAILED:
+        return ToolResult.failure(call.id, f"{call.name} failed: {message}")
+    if step.state in (StepState.SKIPPED, StepState.NOT_DISPATCHED):
+        return ToolResult.failure(call.id, f"{call.name} was not run ({step.state.value})")
+    if step.state is StepState.IN_DOUBT:  # judged, yet nobody could tell (the run is failing)
+        return ToolResult.failure(call.id, f"whether {call.name} happened is unknown")
+    return None  # dispatched or running: not settled yet
+
+
+def turn_results(picture: RunPicture, state: LoopState, turn: int) -> tuple[ToolResult, ...] | None:
+    """The results of ``turn``'s calls from the recorded steps; None while one is unsettled."""
+    answer = state.answers.get(turn)
+    if answer is None:
+        return None
+    if turn in state.results:
+        return state.results[turn]
+    steps = call_steps(picture)
+    results = []
+    for i, call in enumerate(answer.calls):
+        step = steps.get(call_marker(turn, i))
+        if step is not None and step.step in picture.in_flight:
+            return None
+        result = result_of(call, step, state.refused.get((turn, i)))
+        if result is None:
+            return None
+        results.append(result)
+    return tuple(results)
+
+
+def transcript_until(state: LoopState, turn: int) -> Transcript:
+    """The conversation the model sees at the start of ``turn``: the input, then every earlier
+    answer with its (frozen) results."""
+    transcript = Transcript()
+    transcript.add_user(state.input)
+    for k in range(1, turn):
+        answer = state.answers[k]
+        transcript.add_turn(answer)
+        if answer.calls:
+            transcript.add_results(state.results[k])
+    return transcript
+
+
+def consecutive_refusals(state: LoopState, before: int) -> int:
+    """Error results in a row at the end of the turns before ``before``."""
+    count = 0
+    for k in range(1, before):
+        for result in state.results.get(k, ()):
+            count = count + 1 if result.is_error else 0
+    return count
+
+
+def document(picture: RunPicture) -> dict[str, Any] | None:
+    """The hosted run as JSON, for ``saga.client.get_run`` and the SQL record: the input,
+    each turn (its answer, raw response and usage, and what its calls returned, frozen or
+    as the steps stand), the totals."""
+    state = LoopState.parse(picture.agent)
+    if state is None:
+        return None
+    steps = call_steps(picture)
+    turns = []
+    for k in sorted(state.answers):
+        answer = state.answers[k]
+        results = turn_results(picture, state, k)
+        calls = []
+        for i, call in enumerate(answer.calls):
+            step = steps.get(call_marker(k, i))
+            calls.append(
+                {
+                    "id": call.id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                    "step": step.step if step else None,
+                    "refused": state.refused.get((k, i)),
+                }
+            )
+        turns.append(
+            {
+                "turn": k,
+                "text": answer.text,
+                "calls": calls,
+                "results": None if results is None else [r.to_dict() for r in results],
+                "usage": dataclasses.asdict(answer.usage),
+                "stop_reason": answer.stop_reason,
+                "raw": answer.raw,
+            }
+        )
+    return {
+        "agent": state.agent,
+        "input": state.input,
+        "turns": turns,
+        "pending_approvals": state.pending_approvals() if not picture.state.ended else [],
+        "usage": dataclasses.asdict(state.usage),
+        "model_calls": state.model_calls,
+        "ended": state.ended,
+    }
+
+
+class TurnStore:
+    """Writes of the hosted loop, each first-writer-wins."""
+
+    def __init__(self, store: RunStore, max_payload_bytes: int) -> None:
+        self.store = store
+        self.client = store.client
+        self.limit = max_payload_bytes
+
+    def record_answer(self, run_id: str, turn: int, answer: ModelTurn) -> ModelTurn:
+        """Record ``answer`` unless one is recorded already; return the one recorded. An answer
+        too large to keep loses its raw response first (the format rebuilds it)."""
+        try:
+            text = payload.dumps(answer.to_dict(), what="the model's answer", limit=self.limit)
+        except PayloadError:
+            slim = dataclasses.replace(answer, raw={})
+            text = payload.dumps(slim.to_dict(), what="the model's answer", limit=self.limit)
+        usage = answer.usage
+        outcome = self.store.record_answer(
+            run_id, turn, text, usage.input_tokens, usage.output_tokens
+        )
+        if outcome.status not in ("ok", "dup"):
+            raise PayloadError(f"run {run_id} has no agent state ({outcome.status})")
+        return ModelTurn.from_dict(json.loads(outcome.values[0]))
+
+    def count_model_call(self, run_id: str, turn: int) -> None:
+        key = agent_key(run_id)
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hincrby(key, "model_calls", 1)
+            pipe.hincrby(key, f"{turn}:asked", 1)
+            pipe.execute()
+
+    def take_lease(self, run_id: str, turn: int, seconds: float) -> bool:
+        """Only one delivery of a turn asks the model at a time (a redelivery while a slow
+        model still answers the first must wait for its answer, not ask again)."""
+        key = turn_lease_key(run_id, turn)
+        return bool(self.client.set(key, "1", nx=True, px=max(1, int(seconds * 1000))))
+
+    def release_lease(self, run_id: str, turn: int) -> None:
+        self.client.delete(turn_lease_key(run_id, turn))
+
+    def request_approval(self, run_id: str, turn: int, call: int, tool_call: ToolCall) -> None:
+        """Ask a person: the exact call, its hash, and when (Redis clock) it was asked."""
+        request = {
+            "tool": tool_call.name,
+            "arguments": tool_call.arguments,
+            "args_hash": args_hash(tool_call),
+            "requested_at": self.store.now(),
+        }
+        text = payload.dumps(request, what="an approval request", limit=self.limit)
+        self.client.hsetnx(agent_key(run_id), f"{turn}:{call}:approval", text)
+
+    def record_refusal(self, run_id: str, turn: int, call: int, message: str) -> None:
+        self.client.hsetnx(agent_key(run_id), f"{turn}:{call}:refused", message[:2000])
+
+    def freeze_results(
+        self, run_id: str, turn: int, results: tuple[ToolResult, ...]
+    ) -> tuple[ToolResult, ...]:
+        """The results turn ``turn`` returns to the model, as first recorded."""
+        key, name = agent_key(run_id), f"{turn}:results"
+        text = payload.dumps([r.to_dict() for r in results], what="tool results", limit=self.limit)
+        if self.client.hsetnx(key, name, text):
+            self.client.hincrby(key, "bytes", len(text))
+        stored = cast(str, self.client.hget(key, name))
+        return tuple(ToolResult.from_dict(r) for r in json.loads(stored))
+
+    def mark_advanced(self, run_id: str, turn: int, what: str) -> bool:
+        """Turn ``turn`` is done (``what``: "next", or how the run ended); True for the one
+        caller that got to say so first."""
+        return bool(self.client.hsetnx(agent_key(run_id), f"{turn}:advanced", what))
+
+    def mark_ended(self, run_id: str, why: str) -> None:
+        self.client.hsetnx(agent_key(run_id), "ended", why)
+
+    def count_revival(self, run_id: str) -> int:
+        return int(self.client.hincrby(agent_key(run_id), "revived", 1))
+
+    def call_of(self, run_id: str, step: int) -> str:
+        """The ``<turn>:<call>`` a step was dispatched for ('' for a step of ``run.call``)."""
+        return cast(str, self.client.hget(run_keys(run_id)[1], f"{step}:call") or "")

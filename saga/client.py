@@ -1,0 +1,258 @@
+"""For web apps: start hosted agent runs, watch them, stop them, with nothing but the broker's
+and Redis's URLs. No tool code is imported: turns are sent to the workers by task name.
+
+    from saga import client
+    run_id = client.enqueue_run("refund", "Refund order 4921, it arrived late.")
+    client.get_run(run_id).state          # "running", then "completed", ...
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import ssl
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from celery import Celery
+
+from saga.agents.launch import enqueue_run as _enqueue_run
+from saga.agents.launch import send_turn
+from saga.agents.turn_state import LoopState, document
+from saga.constants import ACTIVE_RUNS_KEY, START_UNWIND_TASK, TURN_QUEUE, agent_key, run_keys
+from saga.errors import ApprovalError, RunEndedError, UnknownRunError
+from saga.model import CompensationState, RunState
+from saga.picture import RunPicture
+from saga.rules import not_undone
+from saga.settings import Settings
+from saga.stack import RunStore
+
+__all__ = [
+    "Client",
+    "RunStatus",
+    "RunSummary",
+    "abort_run",
+    "approve",
+    "deny",
+    "enqueue_run",
+    "get_run",
+    "list_runs",
+]
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A hosted run as a web page shows it; ``to_dict()`` is plain JSON."""
+
+    run_id: str
+    agent: str
+    state: str
+    reason: str
+    cause: str
+    pivot_step: int | None
+    turns: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+    stack: list[dict[str, Any]]
+    usage: dict[str, int]
+    model_calls: int
+    #: Set when the run escalated: what a person must look at.
+    escalation: dict[str, Any] | None = None
+    #: Why the loop stopped ("final answer", a limit, a model error); '' while it runs.
+    ended: str = ""
+    input: str = ""
+    final_text: str = ""
+    #: Calls waiting for a person (``approve`` / ``deny`` them by ``id``, with ``args_hash``).
+    pending_approvals: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def awaiting_approval(self) -> bool:
+        return self.state == "running" and bool(self.pending_approvals)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "awaiting_approval": self.awaiting_approval}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    agent: str
+    state: str
+    created: float
+
+
+class Client:
+    """Talks to the broker (to send turns and unwinds by name) and to the saga's Redis."""
+
+    def __init__(
+        self,
+        broker_url: str | None = None,
+        redis_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+    ) -> None:
+        settings = settings or Settings.from_env()
+        redis_url = redis_url or settings.redis_url
+        broker_url = broker_url or os.environ.get("SAGA_BROKER_URL") or redis_url
+        self.settings = settings
+        self.store = RunStore.from_url(
+            redis_url, settings.retention_seconds, **settings.redis_options
+        )
+        self.app = Celery("saga-client", broker=broker_url, set_as_current=False)
+        self.app.conf.update(
+            task_serializer="json",
+            accept_content=["json"],
+            broker_connection_retry_on_startup=True,
+        )
+        if broker_url.startswith("rediss://"):
+            self.app.conf.broker_use_ssl = {
+                "ssl_cert_reqs": ssl.CERT_REQUIRED,
+                "ssl_ca_certs": os.environ.get("SAGA_REDIS_SSL_CA"),
+                "ssl_certfile": os.environ.get("SAGA_REDIS_SSL_CERT"),
+                "ssl_keyfile": os.environ.get("SAGA_REDIS_SSL_KEY"),
+            }
+
+    def enqueue_run(
+        self, agent: str, input: str, run_id: str | None = None, deadline: float | None = None
+    ) -> str:
+        """Start a run of ``agent`` on the workers; returns its id at once. The same
+        ``run_id`` twice starts one run. An agent no worker knows ends the run at turn 1."""
+        return _enqueue_run(
+            self.store,
+            self.app,
+            agent,
+            input,
+            run_id,
+            deadline or self.settings.run_deadline_seconds,
+            self.settings.max_payload_bytes,
+        )
+
+    def get_run(self, run_id: str) -> RunStatus:
+        picture = self.store.picture(run_id)
+        if picture is None:
+            raise UnknownRunError(f"no run {run_id} (never started, or expired)")
+        return status_of(picture)
+
+    def list_runs(self, agent: str | None = None, limit: int = 50) -> list[RunSummary]:
+        """Hosted runs whose keys are still in Redis (running, or within their retention),
+        newest first."""
+        ids = [str(r) for r in self.store.client.zrange(ACTIVE_RUNS_KEY, 0, 9999)]
+        with self.store.client.pipeline(transaction=False) as pipe:
+            for run_id in ids:
+                pipe.hmget(agent_key(run_id), ["name"])
+                pipe.hmget(run_keys(run_id)[0], ["state", "created"])
+            rows = pipe.execute()
+        found = []
+        for i, run_id in enumerate(ids):
+            [name], (state, created) = rows[2 * i], rows[2 * i + 1]
+            if name and state and (agent is None or name == agent):
+                found.append(RunSummary(run_id, name, state, float(created or 0)))
+        found.sort(key=lambda r: r.created, reverse=True)
+        return found[:limit]
+
+    def approve(self, run_id: str, approval_id: str, *, args_hash: str, by: str) -> None:
+        """Let the call ``approval_id`` (``<turn>:<call>``) go out, as shown: ``args_hash`` is
+        the hash of the arguments the person saw. Single use; expires with the run."""
+        self._decide(run_id, approval_id, "approved", by, "", args_hash)
+
+    def deny(self, run_id: str, approval_id: str, reason: str, *, args_hash: str, by: str) -> None:
+        """Refuse the call; the model is told ``reason`` and goes on."""
+        self._decide(run_id, approval_id, "denied", by, reason, args_hash)
+
+    def _decide(
+        self, run_id: str, marker: str, verdict: str, by: str, reason: str, args_hash: str
+    ) -> None:
+        outcome = self.store.decide_approval(run_id, marker, verdict, by, reason, args_hash)
+        if outcome.status != "ok":
+            why = {
+                "unknown": "no call awaits approval under this id",
+                "decided": "it was decided already",
+                "ended": "the run is no longer running",
+                "mismatch": "the arguments are not the ones awaiting approval",
+                "expired": "the request expired with the run's deadline",
+            }.get(outcome.status, outcome.status)
+            raise ApprovalError(f"run {run_id}, call {marker}: {why}")
+        send_turn(self.app, run_id, int(marker.split(":")[0]))  # the turn goes on
+
+    def abort_run(self, run_id: str, reason: str = "aborted by the user") -> None:
+        """Stop the run now: no more turns; the workers unwind what it did (or escalate past
+        its pivot) once its steps in flight settle."""
+        outcome = self.store.abort(run_id, f"aborted: {reason}")
+        if outcome.status == "unknown":
+            raise UnknownRunError(f"no run {run_id}")
+        if outcome.status == "ended":
+            raise RunEndedError(run_id, str(outcome.values[0]))
+        if outcome.owns_unwind:
+            self.app.send_task(
+                START_UNWIND_TASK, kwargs={"run_id": run_id, "owner": "abort"}, queue=TURN_QUEUE
+            )
+
+
+def status_of(picture: RunPicture) -> RunStatus:
+    """The picture of a run, as ``get_run`` answers it."""
+    hosted = document(picture) or {}
+    state = LoopState.parse(picture.agent)
+    escalation = None
+    if picture.state is RunState.ESCALATED:
+        escalation = {
+            "reason": picture.reason,
+            "cause": picture.cause,
+            "not_undone": not_undone(picture),
+            "failed_compensations": [
+                {"step": c.step, "undo": c.entry, "error": c.error}
+                for c in picture.compensations
+                if c.state is CompensationState.FAILED
+            ],
+        }
+    turns = hosted.get("turns", [])
+    final = turns[-1]["text"] if turns and not turns[-1]["calls"] else ""
+    return RunStatus(
+        run_id=picture.run_id,
+        agent=state.agent if state else "",
+        state=picture.state.value,
+        reason=picture.reason,
+        cause=picture.cause,
+        pivot_step=picture.pivot_step,
+        turns=turns,
+        steps=[
+            {**asdict(s), "tool_class": int(s.tool_class), "state": s.state.value}
+            for s in picture.steps
+        ],
+        stack=picture.stack,
+        usage=hosted.get("usage", {"input_tokens": 0, "output_tokens": 0}),
+        model_calls=int(hosted.get("model_calls", 0)),
+        escalation=escalation,
+        ended=str(hosted.get("ended", "")),
+        input=str(hosted.get("input", "")),
+        final_text=final,
+        pending_approvals=list(hosted.get("pending_approvals", [])),
+    )
+
+
+@functools.cache
+def default_client() -> Client:
+    """A client from the environment (``SAGA_BROKER_URL``, ``SAGA_REDIS_URL``, ...)."""
+    return Client()
+
+
+def enqueue_run(agent: str, input: str, run_id: str | None = None) -> str:
+    return default_client().enqueue_run(agent, input, run_id)
+
+
+def get_run(run_id: str) -> RunStatus:
+    return default_client().get_run(run_id)
+
+
+def list_runs(agent: str | None = None, limit: int = 50) -> list[RunSummary]:
+    return default_client().list_runs(agent, limit)
+
+
+def abort_run(run_id: str, reason: str = "aborted by the user") -> None:
+    default_client().abort_run(run_id, reason)
+
+
+def approve(run_id: str, approval_id: str, *, args_hash: str, by: str) -> None:
+    default_client().approve(run_id, approval_id, args_hash=args_hash, by=by)
+
+
+def deny(run_id: str, approval_id: str, reason: str, *, args_hash: str, by: str) -> None:
+    default_client().deny(run_id, approval_id, reason, args_hash=args_hash, by=by)

@@ -1,0 +1,298 @@
+"""The agent loop hosted on real workers: a threads-pool worker plays the turns
+(``-Q saga.turns``), the session's prefork worker runs the tools, and the test talks to both
+only as a web app would (``saga.client``). Agents: ``tests/integration/hosted_app.py``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from saga.client import Client, RunStatus
+from saga.errors import ApprovalError, RunEndedError, SagaError, UnknownRunError
+from saga.testing import WorkerProcess
+from tasks import systems
+from tests.conftest import ROOT
+from tests.integration.helpers import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def turn_worker(saga_env: dict[str, str], worker: Any) -> Iterator[WorkerProcess]:
+    """The turns' worker: threads, so a model call never holds a prefork slot."""
+    process = WorkerProcess(
+        "tests.integration.hosted_app",
+        env=saga_env,
+        pool="threads",
+        concurrency=10,
+        extra_args=["-Q", "saga.turns"],
+        cwd=ROOT,
+    )
+    with process:
+        yield process
+
+
+@pytest.fixture
+def client(turn_worker: WorkerProcess, saga: Any, redis_url: str) -> Iterator[Client]:
+    made = Client(broker_url=redis_url, redis_url=redis_url)
+    yield made
+    made.store.client.close()
+
+
+def ended(client: Client, run_id: str, timeout: float = 30.0) -> RunStatus:
+    """The run once it has ended and its record is written (bounded)."""
+
+    def done() -> RunStatus | None:
+        status = client.get_run(run_id)
+        recorded = client.store.head(run_id)
+        ok = status.state in ("completed", "compensated", "escalated")
+        return status if ok and recorded is not None and recorded.recorded else None
+
+    found: RunStatus = wait_until(done, timeout, f"run {run_id} to end")
+    return found
+
+
+def results(status: RunStatus, turn: int) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = status.turns[turn - 1]["results"]
+    return found
+
+
+def test_the_credit_scenario_recovers_from_an_early_reply(client: Client, saga: Any) -> None:
+    """The reply asked for beside the credit is refused and fed back; sent next turn; done."""
+    run_id = client.enqueue_run("refund", "Order 4921 arrived late: refund it.")
+
+    status = ended(client, run_id)
+
+    assert status.state == "completed" and status.ended == "final answer"
+    assert [s["tool"] for s in status.steps] == [
+        "get_order",
+        "issue_credit",
+        "set_ticket_status",
+        "send_reply",
+    ]
+    assert all(s["state"] == "succeeded" for s in status.steps)
+    refused = results(status, 2)[0]
+    assert refused["is_error"] and "irreversible (class 5)" in refused["content"]["error"]
+    assert status.turns[2]["calls"][0]["step"] == 4  # reissued: the pivot
+    assert status.pivot_step == 4 and status.model_calls == 4
+    assert status.final_text.startswith("I credited $2,500")
+    assert len(systems.outbox()) == 1 and len(systems.ledger()) == 1
+    record = saga.records.transcript(run_id)
+    assert record is not None and record.model_calls == 4
+    assert [t["turn"] for t in record.transcript["turns"]] == [1, 2, 3, 4]
+
+
+def test_unknown_tools_and_bad_arguments_go_back_to_the_model(client: Client) -> None:
+    """Nothing is dispatched; each call gets an error it can act on; the run completes."""
+    status = ended(client, client.enqueue_run("mistakes", "Refund everything."))
+
+    assert status.state == "completed" and status.steps == []
+    unknown, bad, broken = (r["content"]["error"] for r in results(status, 1))
+    assert unknown.startswith("unknown tool 'refund_everything'; you may call: get_order")
+    assert "amount_cents" in bad and "valid integer" in bad
+    assert "not valid JSON" in broken
+
+
+def test_a_reversible_call_past_the_pivot_is_refused_and_fed_back(client: Client) -> None:
+    """The dispatcher's own refusal (CallRefusedError) reaches the model, not the operator."""
+    status = ended(client, client.enqueue_run("after_pivot", "Reply, then credit."))
+
+    assert status.state == "completed"
+    assert "past its pivot" in results(status, 2)[0]["content"]["error"]
+    assert [s["tool"] for s in status.steps] == ["send_reply"]
+
+
+def test_a_rejected_call_is_fed_back_without_unwinding(client: Client) -> None:
+    """ToolRejected: the step is rejected, nothing happened, the model asks for less."""
+    status = ended(client, client.enqueue_run("rejected", "Credit the whole order twice."))
+
+    assert status.state == "completed"
+    assert [s["state"] for s in status.steps] == ["rejected", "succeeded"]
+    assert "exceeds order total" in results(status, 1)[0]["content"]["error"]
+    assert [e["amount_cents"] for e in systems.ledger()] == [250_000]
+
+
+def test_refusals_past_the_limit_unwind_the_run(client: Client) -> None:
+    """Two refusals in a row are allowed here; the third aborts and the credit is reversed."""
+    status = ended(client, client.enqueue_run("stubborn", "Refund."))
+
+    assert status.state == "compensated"
+    assert "3 refused or failed calls in a row" in status.ended
+    assert len(status.turns) == 4
+    assert [e["kind"] for e in systems.ledger()] == ["credit", "reversal"]
+
+
+def test_a_failed_write_unwinds_the_run(client: Client) -> None:
+    """The seed's rule: the ticket update fails for good, so the credit is reversed."""
+    status = ended(client, client.enqueue_run("failed_write", "Refund."))
+
+    assert status.state == "compensated"
+    assert [s["state"] for s in status.steps] == ["succeeded", "failed"]
+    assert [e["kind"] for e in systems.ledger()] == ["credit", "reversal"]
+    assert len(status.turns) == 2  # no turn after the failure
+
+
+def test_a_failed_read_is_fed_back(client: Client) -> None:
+    """A read that fails changed nothing: the model is told and tries the right order."""
+    status = ended(client, client.enqueue_run("failed_read", "Look the order up."))
+
+    assert status.state == "completed"
+    assert [s["state"] for s in status.steps] == ["rejected", "succeeded"]
+    assert "order 1 not found" in results(status, 1)[0]["content"]["error"]
+
+
+def test_a_write_failure_is_fed_back_when_the_agent_says_so(client: Client) -> None:
+    """The per-tool override: a failed ticket update is told, and the run completes."""
+    status = ended(client, client.enqueue_run("told_about_writes", "Refund."))
+
+    assert status.state == "completed"
+    assert [s["state"] for s in status.steps] == ["succeeded", "rejected"]
+
+
+def test_the_turn_limit_finishes_the_run_when_asked_to(client: Client) -> None:
+    """max_turns=2 with on_limit=finish: completed with what it did, no third model call."""
+    status = ended(client, client.enqueue_run("turn_limit", "Look forever."))
+
+    assert status.state == "completed" and status.ended == "turn limit: 2 turns"
+    assert status.model_calls == 2
+
+
+def test_the_same_run_id_twice_starts_one_run(client: Client) -> None:
+    """enqueue_run is idempotent on run_id; another agent under the same id is refused."""
+    run_id = uuid.uuid4().hex
+    assert client.enqueue_run("refund", "Refund.", run_id=run_id) == run_id
+    assert client.enqueue_run("refund", "Refund.", run_id=run_id) == run_id
+
+    status = ended(client, run_id)
+
+    assert status.state == "completed" and status.model_calls == 4
+    with pytest.raises(SagaError, match="already exists"):
+        client.enqueue_run("mistakes", "Other.", run_id=run_id)
+    assert run_id in [r.run_id for r in client.list_runs(agent="refund")]
+
+
+def test_a_web_app_can_abort_a_run_while_its_model_thinks(client: Client) -> None:
+    """abort_run stops the loop at once; the unwind runs on the workers; a second abort is
+    refused, and an unknown run says so."""
+    run_id = client.enqueue_run("slow", "Take your time.")
+    wait_until(lambda: client.get_run(run_id).model_calls == 1, 10, "the model to be asked")
+
+    client.abort_run(run_id, "the customer cancelled")
+    status = ended(client, run_id)
+
+    assert status.state == "compensated" and status.steps == []
+    assert status.reason.startswith("aborted: the customer cancelled")
+    with pytest.raises(RunEndedError):
+        client.abort_run(run_id)
+    with pytest.raises(UnknownRunError):
+        client.get_run(uuid.uuid4().hex)
+
+
+def test_an_agent_no_worker_knows_ends_the_run(client: Client) -> None:
+    """A typo in the web app's agent name ends its run at turn 1, saying why."""
+    status = ended(client, client.enqueue_run("no_such_agent", "Hello."))
+
+    assert status.state == "compensated" and "no agent 'no_such_agent'" in status.ended
+
+
+# -- a real format: the OpenAI client over a fake provider ------------------------------------
+
+
+def test_openai_parallel_calls_are_dispatched_in_the_models_order(client: Client) -> None:
+    """Three calls in one answer are three steps in that order; the reply next; done."""
+    run_id = uuid.uuid4().hex
+    status = ended(client, client.enqueue_run("openai", f"parallel {run_id}", run_id=run_id))
+
+    assert status.state == "completed"
+    assert [s["tool"] for s in status.steps] == [
+        "get_order",
+        "issue_credit",
+        "set_ticket_status",
+        "send_reply",
+    ]
+    assert [c["step"] for c in status.turns[0]["calls"]] == [1, 2, 3]
+    assert status.usage == {"input_tokens": 1200, "output_tokens": 150}
+
+
+def test_openai_a_429_is_retried_after_its_retry_after(client: Client) -> None:
+    """The rate-limited turn is asked again (Retry-After: 2 s) and the run completes."""
+    run_id = uuid.uuid4().hex
+    status = ended(client, client.enqueue_run("openai", f"rate_limited {run_id}", run_id=run_id))
+
+    assert status.state == "completed"
+    assert status.model_calls == 3  # the 429, the answer, the final answer
+    assert len(status.turns) == 2
+
+
+def test_openai_a_400_ends_the_run_and_unwinds_it(client: Client) -> None:
+    """A request the provider refuses will never succeed: abort, and the credit is reversed."""
+    run_id = uuid.uuid4().hex
+    status = ended(client, client.enqueue_run("openai", f"bad_request {run_id}", run_id=run_id))
+
+    assert status.state == "compensated"
+    assert "model call failed with HTTP 400" in status.ended
+    assert status.model_calls == 2
+    assert [e["kind"] for e in systems.ledger()] == ["credit", "reversal"]
+
+
+# -- approval of irreversible calls ------------------------------------------------------------
+
+
+def awaiting(client: Client, run_id: str) -> dict[str, Any]:
+    status: RunStatus = wait_until(
+        lambda: (s := client.get_run(run_id)).awaiting_approval and s, 20, "an approval request"
+    )
+    [pending] = status.pending_approvals
+    assert status.steps == [] and status.to_dict()["awaiting_approval"] is True
+    return pending
+
+
+def test_an_approved_reply_goes_out_once_and_the_approval_is_single_use(client: Client) -> None:
+    """The run waits with the exact arguments; only their hash approves them, once."""
+    run_id = client.enqueue_run("approver", "Tell Ada.")
+    pending = awaiting(client, run_id)
+    assert (pending["id"], pending["tool"]) == ("1:0", "send_reply")
+    assert pending["arguments"]["to"] == "ada@example.com"
+
+    with pytest.raises(ApprovalError, match="not the ones awaiting approval"):
+        client.approve(run_id, "1:0", args_hash="0" * 64, by="ops@acme")
+    client.approve(run_id, "1:0", args_hash=pending["args_hash"], by="ops@acme")
+    status = ended(client, run_id)
+
+    assert status.state == "completed" and status.final_text == "Sent."
+    assert len(systems.outbox()) == 1
+    with pytest.raises(ApprovalError):
+        client.approve(run_id, "1:0", args_hash=pending["args_hash"], by="ops@acme")
+
+
+def test_a_denied_reply_is_fed_back_to_the_model(client: Client) -> None:
+    """deny() is the model's result: nothing is sent and the run goes on."""
+    run_id = client.enqueue_run("approver", "Tell Ada.")
+    pending = awaiting(client, run_id)
+
+    client.deny(run_id, "1:0", "wrong tone", args_hash=pending["args_hash"], by="ops@acme")
+    status = ended(client, run_id)
+
+    assert status.state == "completed"
+    assert status.final_text == "Not sent: a person (ops@acme) declined send_reply: wrong tone"
+    assert systems.outbox() == []
+
+
+def test_a_pending_approval_expires_with_the_run_deadline(client: Client, saga: Any) -> None:
+    """Past the run's deadline the reaper wakes the turn, which tells the model it expired."""
+    run_id = client.enqueue_run("approver", "Tell Ada.", deadline=2)
+    pending = awaiting(client, run_id)
+    time.sleep(2.2)
+
+    with pytest.raises(ApprovalError, match="expired"):
+        client.approve(run_id, "1:0", args_hash=pending["args_hash"], by="late@acme")
+    assert run_id in saga.reap().resumed
+    status = ended(client, run_id)
+
+    assert status.final_text == "Not sent: nobody approved send_reply in time; the request expired"
+    assert systems.outbox() == []
