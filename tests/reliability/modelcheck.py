@@ -1087,9 +1087,11 @@ def quiet_logs() -> Iterator[None]:
 # =============================================================================================
 
 RUN = st.integers(0, 1)
-#: Faults after which a run may rightly wait for the reaper: a message lost for good, or a
-#: caller (not a worker, which retries) that saw a store error.
-LOSSES = ("revoke", "publish-refused", "conclude-given-up", "lost-reply-client")
+#: Faults after which a run may rightly wait for the reaper: a message lost for good, a
+#: caller (not a worker, which retries) that saw a store error, or a delivery killed by the
+#: hard time limit (Celery acks it and nothing in the task reports: its lease runs out and
+#: the reaper settles the step).
+LOSSES = ("revoke", "publish-refused", "conclude-given-up", "lost-reply-client", "time-limit-kill")
 #: Faults that can rightly make a compensation fail (use up its attempts, record it failed):
 #: after one of these on a run, a requeue of that run may end escalated again.
 SPOILERS = ("crash", "revoke", "tool-fail", "duplicate", "ack-lost", "lost-reply")
