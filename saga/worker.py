@@ -13,7 +13,8 @@ import logging
 import sys
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery import Celery, Task
 from celery.canvas import signature
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
     from saga.tools import Tool
 
 logger = logging.getLogger("saga.worker")
+
+T = TypeVar("T")
 
 _TASK_OPTIONS: dict[str, Any] = {
     "bind": True,
@@ -220,7 +223,17 @@ def _forward(
     # (The dispatcher applied the size limit; this only has to match what it stored.)
     args_json = payload.dumps(args, what="arguments", limit=_NO_LIMIT)
     claim = _claim(task)
-    begin = store.begin_step(run_id, step, tool.name, args_json, claim, saga.lease_seconds)
+    begin = _patiently(
+        saga,
+        f"run {run_id} step {step}: begin",
+        store.begin_step,
+        run_id,
+        step,
+        tool.name,
+        args_json,
+        claim,
+        saga.lease_seconds,
+    )
     if begin.status == "succeeded":  # a redelivery: replay, never re-apply
         _after_success(saga, run_id, step, int(begin.values[1]) == 1, int(begin.values[2]) == 1)
         return payload.loads(begin.values[0])
@@ -325,15 +338,31 @@ def _settle_success_patiently(
     land (only the reply was lost) answers what that first call decided. If Redis stays away,
     the exception leaves the message unacknowledged for redelivery (or the reaper's lookup).
     """
+    _patiently(
+        saga,
+        f"run {run_id} step {step}: the push",
+        _settle_success,
+        saga,
+        tool,
+        run_id,
+        step,
+        args,
+        result,
+    )
+
+
+def _patiently(saga: Saga, what: str, call: Callable[..., T], *args: Any) -> T:
+    """Call ``call`` again while the stack's Redis is unreachable, for a bounded time. Every
+    script answers a repeat with what its first call decided, so a call whose reply was lost
+    (it ran on the server) is safe to repeat."""
     delay, waited = 0.1, 0.0
     while True:
         try:
-            _settle_success(saga, tool, run_id, step, args, result)
-            return
+            return call(*args)
         except StoreUnavailableError:
             if waited >= saga.settings.store_outage_patience:
                 raise
-            logger.warning("run %s step %d: stack unreachable, retrying the push", run_id, step)
+            logger.warning("%s: stack unreachable, trying again", what)
             time.sleep(delay)
             waited += delay
             delay = min(delay * 2, 2.0)
@@ -371,7 +400,17 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
     store = saga.store
     claim = _claim(task)
     task_id = str(task.request.id or "")
-    begin = store.begin_compensation(run_id, step, claim, task_id, unwind, saga.lease_seconds)
+    begin = _patiently(
+        saga,
+        f"run {run_id} undo {step}: begin",
+        store.begin_compensation,
+        run_id,
+        step,
+        claim,
+        task_id,
+        unwind,
+        saga.lease_seconds,
+    )
     if begin.status in ("done", "failed"):  # settled already (a redelivery): pass the chain on
         logger.info("run %s: compensation of step %d already %s", run_id, step, begin.status)
         return {"compensated": step, "replayed": True}

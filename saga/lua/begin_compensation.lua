@@ -10,6 +10,12 @@ if not cs then return {'unknown'} end
 if cs == 'done' or cs == 'failed' then return {cs} end
 if redis.call('HGET', RUN, 'state') ~= 'unwinding' then return {'ended'} end
 if ARGV[4] == '' or redis.call('HGET', RUN, 'owner') ~= ARGV[4] then return {'stale'} end
+if cs == 'running' and redis.call('HGET', COMPS, n .. ':claim') == ARGV[2] then
+  -- This very execution again (its first reply was lost): what the first call decided.
+  local first = tonumber(redis.call('HGET', COMPS, n .. ':round_start') or '0')
+  return {'run', tonumber(redis.call('HGET', COMPS, n .. ':attempts')) - first,
+    redis.call('HGET', COMPS, n .. ':entry')}
+end
 local busy = leased(COMPS, n)
 if busy then return {'busy', string.format('%.3f', busy)} end
 local fields = redis.call('HGETALL', COMPS)

@@ -33,6 +33,11 @@ if st == 'dispatched' and run_state ~= 'running' then
 end
 local to = move('step', st, 'begin')
 if not to then return {st} end  -- skipped, not_dispatched, in_doubt: nothing to run
+if st == 'running' and redis.call('HGET', STEPS, n .. ':claim') == ARGV[4] then
+  -- This very delivery again (its first reply was lost): what the first call decided.
+  return {'run', tonumber(redis.call('HGET', STEPS, n .. ':attempts')),
+    redis.call('HGET', STEPS, n .. ':on_failure') or ''}
+end
 local busy = leased(STEPS, n)
 if busy then return {'busy', string.format('%.3f', busy)} end
 redis.call('HSET', STEPS, n .. ':state', to, n .. ':started', NOW_S, n .. ':claim', ARGV[4],

@@ -502,3 +502,30 @@ def test_the_reaper_does_not_abandon_a_run_that_moved_on_since_it_read_it(h: Har
     h.drain()
     picture = h.saga.picture(run_id)
     assert (picture.state, picture.step(step).state) == (RunState.RUNNING, StepState.SUCCEEDED)
+
+
+@pytest.mark.parametrize("script", ["begin_step", "begin_compensation"])
+def test_a_lost_reply_to_a_begin_is_repeated_by_the_same_delivery(h: Harness, script: str) -> None:
+    """Found by the model check: the begin ran on the server, its reply was lost; the same
+    delivery asks again and is told to run (not "busy" until its own lease runs out)."""
+    from saga.errors import StoreUnavailableError
+
+    run_id = h.start()
+    store, real = h.saga.store, h.saga.store._call
+    lost = {"left": 1}
+
+    def lose_one(name: str, rid: str, *args: Any, **kw: Any) -> Any:
+        outcome = real(name, rid, *args, **kw)
+        if name == script and lost["left"]:
+            lost["left"] -= 1
+            raise StoreUnavailableError("the reply was lost")
+        return outcome
+
+    store._call = lose_one  # type: ignore[method-assign]
+    issued(h, run_id)
+    h.saga.abort(run_id, "cancelled")
+    h.drain()
+    store._call = real  # type: ignore[method-assign]
+    assert lost["left"] == 0
+    assert h.saga.picture(run_id).state is RunState.COMPENSATED
+    assert h.world.reversals == [f"{run_id}:1:undo"]
