@@ -1,25 +1,23 @@
 """The app the hosted-loop tests run on their workers: the demo app (its tools and its
-``refund`` agent) plus scripted agents for each way a call can go wrong, and ``openai``, a
-``ChatModelPolicy`` over the real OpenAI client whose HTTP goes to a fake provider in-process.
-
-The fake provider picks its scenario from the first word of the user's message and counts, in
-Redis, how often each turn was asked (so a 429 can be followed by a success, across worker
-processes and redeliveries).
+``refund`` agent) plus scripted agents for each way a call can go wrong, and one agent per
+model format (``openai_chat``, ``openai_responses``, ``anthropic``): a ``ChatModelPolicy`` over
+the real SDK client whose HTTP goes to a fake provider in-process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from typing import Any
 
 import redis
 
 from saga.agents import ChatModelPolicy, Limits, ModelTurn, OnFailure, ScriptedPolicy, ToolCall
-from tasks.agents import CREDIT, GET_ORDER, REPLY, TICKET_STATUS
+from tasks.agents import CREDIT, GET_ORDER, REFUND_SCRIPT, REPLY, TICKET_STATUS
 from tasks.app import app, saga
-from tests.unit.agents.helpers import exchange, http_module, sdk
+from tests.unit.agents.helpers import body, exchange, http_module, sdk
 
 __all__ = ["app", "saga"]
 
@@ -87,12 +85,40 @@ saga.agent(
 )
 
 
-# -- a fake OpenAI provider ------------------------------------------------------------------
+# -- a fake provider speaking the three formats ------------------------------------------------
+#
+# One in-process provider answers OpenAI Chat Completions (``/chat/completions``), OpenAI
+# Responses (``/responses``) and Anthropic Messages (``/messages``) through the real SDK
+# clients. The user's message names the scenario and the run (``"parallel <run id>"``); the
+# turn is read from the call ids of earlier answers (``..._t<turn>_<i>``), which every format
+# sends back to the model.
 
-MODEL = "gpt-4o-2024-08-06"
+MODELS = {
+    "openai_chat": "gpt-4o-2024-08-06",
+    "openai_responses": "o4-mini-2025-04-16",
+    "anthropic": "claude-sonnet-4-5-20250929",
+}
+SCENARIOS = ("parallel", "early_reply", "mistakes", "rate_limited", "bad_request")
+_ASK = re.compile(r"\b(" + "|".join(SCENARIOS) + r") ([0-9a-f]{32})\b")
+_TURN = re.compile(r"_t(\d+)_\d+")
+_USAGE = (400, 50)
+
+Script = list[list[tuple[str, dict[str, Any]]] | str]
+
+#: What the model answers, turn by turn (a list of calls, or the final text).
+_SCRIPTS: dict[str, Script] = {
+    "parallel": [[GET_ORDER, CREDIT, TICKET_STATUS], [REPLY], "Done."],
+    "early_reply": [*REFUND_SCRIPT],
+    "mistakes": [
+        [("refund_everything", {}), ("issue_credit", {"order_id": 4921, "amount_cents": "a lot"})],
+        "I could not do it.",
+    ],
+    "rate_limited": [[GET_ORDER], "Done."],
+    "bad_request": [[CREDIT]],  # then the provider refuses the request
+}
 
 
-def _completion(turn: int, calls: list[tuple[str, dict[str, Any]]], text: str = "") -> Any:
+def _chat(turn: int, calls: list[tuple[str, dict[str, Any]]], text: str) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text or None, "refusal": None}
     if calls:
         message["tool_calls"] = [
@@ -103,11 +129,11 @@ def _completion(turn: int, calls: list[tuple[str, dict[str, Any]]], text: str = 
             }
             for i, (name, args) in enumerate(calls)
         ]
-    body = {
+    return {
         "id": f"chatcmpl-{turn}",
         "object": "chat.completion",
         "created": 1733130000,
-        "model": MODEL,
+        "model": MODELS["openai_chat"],
         "choices": [
             {
                 "index": 0,
@@ -116,54 +142,117 @@ def _completion(turn: int, calls: list[tuple[str, dict[str, Any]]], text: str = 
                 "finish_reason": "tool_calls" if calls else "stop",
             }
         ],
-        "usage": {"prompt_tokens": 400, "completion_tokens": 50, "total_tokens": 450},
+        "usage": {
+            "prompt_tokens": _USAGE[0],
+            "completion_tokens": _USAGE[1],
+            "total_tokens": sum(_USAGE),
+        },
     }
-    return {"status": 200, "headers": {"content-type": "application/json"}, "body": body}
 
 
-def _answer(scenario: str, turn: int, attempt: int) -> dict[str, Any]:
+def _responses(turn: int, calls: list[tuple[str, dict[str, Any]]], text: str) -> dict[str, Any]:
+    answer = body("openai_responses", "final_answer")
+    answer["id"] = f"resp_t{turn}"
+    answer["output"] = [
+        {
+            "id": f"fc_t{turn}_{i}",
+            "type": "function_call",
+            "status": "completed",
+            "arguments": json.dumps(args),
+            "call_id": f"call_t{turn}_{i}",
+            "name": name,
+        }
+        for i, (name, args) in enumerate(calls)
+    ] or [
+        {
+            "id": f"msg_t{turn}",
+            "type": "message",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "annotations": [], "logprobs": [], "text": text}],
+        }
+    ]
+    answer["usage"] = {
+        "input_tokens": _USAGE[0],
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": _USAGE[1],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": sum(_USAGE),
+    }
+    return answer
+
+
+def _anthropic(turn: int, calls: list[tuple[str, dict[str, Any]]], text: str) -> dict[str, Any]:
+    answer = body("anthropic", "final_answer")
+    answer["id"] = f"msg_t{turn}"
+    answer["content"] = [
+        {"type": "tool_use", "id": f"toolu_t{turn}_{i}", "name": name, "input": args}
+        for i, (name, args) in enumerate(calls)
+    ] or [{"type": "text", "text": text}]
+    answer["stop_reason"] = "tool_use" if calls else "end_turn"
+    answer["usage"] = {"input_tokens": _USAGE[0], "output_tokens": _USAGE[1]}
+    return answer
+
+
+_BUILD = {"openai_chat": _chat, "openai_responses": _responses, "anthropic": _anthropic}
+_FORMAT_OF_PATH = {
+    "/v1/chat/completions": "openai_chat",
+    "/v1/responses": "openai_responses",
+    "/v1/messages": "anthropic",
+}
+
+
+def _answer(fmt: str, scenario: str, turn: int, attempt: int) -> dict[str, Any]:
     """What the provider says to ``turn`` (0-based) of ``scenario``, on its ``attempt``."""
-    if scenario == "parallel":
-        script: list[Any] = [[GET_ORDER, CREDIT, TICKET_STATUS], [REPLY]]
-        return _completion(turn, script[turn]) if turn < 2 else _completion(turn, [], "Done.")
-    if scenario == "rate_limited":
-        if turn == 0 and attempt == 1:
-            return exchange("openai_chat", "rate_limited")
-        return _completion(turn, [GET_ORDER]) if turn == 0 else _completion(turn, [], "Done.")
-    if scenario == "bad_request":
-        if turn == 0:
-            return _completion(turn, [CREDIT])
-        return exchange("openai_chat", "bad_request")
-    raise AssertionError(f"no scenario {scenario!r}")
+    if scenario == "rate_limited" and turn == 0 and attempt == 1:
+        return exchange(fmt, "rate_limited")
+    if scenario == "bad_request" and turn > 0:
+        return exchange(fmt, "bad_request")
+    said = _SCRIPTS[scenario][turn]
+    calls, text = (said, "") if isinstance(said, list) else ([], said)
+    ok = {"content-type": "application/json"}
+    return {"status": 200, "headers": ok, "body": _BUILD[fmt](turn, calls, text)}
 
 
 class FakeProvider:
-    def __init__(self) -> None:
+    """Counts, in Redis, how often each turn of each run was asked, so a 429 can be followed
+    by a success across worker processes and redeliveries."""
+
+    def __init__(self, sdk_name: str) -> None:
         self.redis = redis.Redis.from_url(os.environ["SAGA_REDIS_URL"], decode_responses=True)
-        self.http = http_module(sdk("openai"))
+        self.http = http_module(sdk(sdk_name))
 
     def __call__(self, request: Any) -> Any:
-        sent = json.loads(request.content)
-        messages = sent["messages"]
-        ask = next(m["content"] for m in messages if m["role"] == "user")
-        turn = sum(1 for m in messages if m["role"] == "assistant")
-        attempt = self.redis.hincrby(f"fake-provider:{ask}", str(turn), 1)
-        answer = _answer(ask.split()[0], turn, attempt)
+        fmt = _FORMAT_OF_PATH[request.url.path]
+        sent = request.content.decode()
+        asked = _ASK.search(sent)
+        assert asked, f"no scenario in the request: {sent[:300]}"
+        turn = max((int(t) + 1 for t in _TURN.findall(sent)), default=0)
+        attempt = self.redis.hincrby(f"fake-provider:{asked.group(2)}", str(turn), 1)
+        answer = _answer(fmt, asked.group(1), turn, attempt)
         return self.http.Response(answer["status"], headers=answer["headers"], json=answer["body"])
 
 
-_provider = FakeProvider()
-_client = sdk("openai").OpenAI(
-    api_key="test",
-    base_url="http://fake-provider/v1",
-    http_client=_provider.http.Client(transport=_provider.http.MockTransport(_provider)),
-    max_retries=0,
-)
-saga.agent(
-    "openai",
-    ChatModelPolicy(_client, MODEL, "openai_chat", system="You resolve billing tickets."),
-    tools=WRITES,
-)
+def _client(fmt: str) -> Any:
+    """The real SDK client for ``fmt``, its HTTP going to the fake provider, retries off."""
+    name = "anthropic" if fmt == "anthropic" else "openai"
+    provider = FakeProvider(name)
+    http_client = provider.http.Client(transport=provider.http.MockTransport(provider))
+    if name == "anthropic":
+        return sdk(name).Anthropic(
+            api_key="test", base_url="http://fake-provider", http_client=http_client, max_retries=0
+        )
+    return sdk(name).OpenAI(
+        api_key="test", base_url="http://fake-provider/v1", http_client=http_client, max_retries=0
+    )
+
+
+for _fmt in MODELS:
+    saga.agent(
+        _fmt,
+        ChatModelPolicy(_client(_fmt), MODELS[_fmt], _fmt, system="You resolve billing tickets."),
+        tools=WRITES,
+    )
 
 
 def _slow_model(transcript: Any, tools: Any) -> ModelTurn:

@@ -200,39 +200,70 @@ def test_an_agent_no_worker_knows_ends_the_run(client: Client) -> None:
     assert status.state == "compensated" and "no agent 'no_such_agent'" in status.ended
 
 
-# -- a real format: the OpenAI client over a fake provider ------------------------------------
+# -- real formats: the SDK clients over a fake provider -----------------------------------------
+
+WRITES = ["get_order", "issue_credit", "set_ticket_status", "send_reply"]
+FORMATS = pytest.mark.parametrize("fmt", ["openai_chat", "openai_responses", "anthropic"])
 
 
-def test_openai_parallel_calls_are_dispatched_in_the_models_order(client: Client) -> None:
-    """Three calls in one answer are three steps in that order; the reply next; done."""
+def enqueue(client: Client, fmt: str, scenario: str) -> str:
     run_id = uuid.uuid4().hex
-    status = ended(client, client.enqueue_run("openai", f"parallel {run_id}", run_id=run_id))
+    return client.enqueue_run(fmt, f"{scenario} {run_id}", run_id=run_id)
+
+
+@FORMATS
+def test_parallel_calls_are_dispatched_in_the_models_order(client: Client, fmt: str) -> None:
+    """Three calls in one answer are three steps in that order; the reply next; done."""
+    status = ended(client, enqueue(client, fmt, "parallel"))
 
     assert status.state == "completed"
-    assert [s["tool"] for s in status.steps] == [
-        "get_order",
-        "issue_credit",
-        "set_ticket_status",
-        "send_reply",
-    ]
+    assert [s["tool"] for s in status.steps] == WRITES
     assert [c["step"] for c in status.turns[0]["calls"]] == [1, 2, 3]
     assert status.usage == {"input_tokens": 1200, "output_tokens": 150}
 
 
-def test_openai_a_429_is_retried_after_its_retry_after(client: Client) -> None:
+@FORMATS
+def test_an_early_reply_is_refused_then_sent_once_the_writes_settled(
+    client: Client, fmt: str
+) -> None:
+    """The seed's scenario in each format: the reply beside the credit is refused and told,
+    the model asks again next turn, and it goes out once, as the pivot."""
+    status = ended(client, enqueue(client, fmt, "early_reply"))
+
+    assert status.state == "completed" and status.model_calls == 4
+    assert [s["tool"] for s in status.steps] == WRITES
+    refused = results(status, 2)[0]
+    assert refused["is_error"] and "irreversible (class 5)" in refused["content"]["error"]
+    assert status.pivot_step == 4
+    assert len(systems.outbox()) == 1 and len(systems.ledger()) == 1
+
+
+@FORMATS
+def test_an_unknown_tool_and_bad_arguments_are_told_to_the_model(client: Client, fmt: str) -> None:
+    """Nothing is dispatched; each call gets an error it can act on in the format's result."""
+    status = ended(client, enqueue(client, fmt, "mistakes"))
+
+    assert status.state == "completed" and status.steps == []
+    unknown, bad = (r["content"]["error"] for r in results(status, 1))
+    assert unknown.startswith("unknown tool 'refund_everything'; you may call: get_order")
+    assert "amount_cents" in bad and "valid integer" in bad
+    assert status.final_text == "I could not do it."
+
+
+@FORMATS
+def test_a_429_is_retried_after_its_retry_after(client: Client, fmt: str) -> None:
     """The rate-limited turn is asked again (Retry-After: 2 s) and the run completes."""
-    run_id = uuid.uuid4().hex
-    status = ended(client, client.enqueue_run("openai", f"rate_limited {run_id}", run_id=run_id))
+    status = ended(client, enqueue(client, fmt, "rate_limited"))
 
     assert status.state == "completed"
     assert status.model_calls == 3  # the 429, the answer, the final answer
     assert len(status.turns) == 2
 
 
-def test_openai_a_400_ends_the_run_and_unwinds_it(client: Client) -> None:
+@FORMATS
+def test_a_400_ends_the_run_and_unwinds_it(client: Client, fmt: str) -> None:
     """A request the provider refuses will never succeed: abort, and the credit is reversed."""
-    run_id = uuid.uuid4().hex
-    status = ended(client, client.enqueue_run("openai", f"bad_request {run_id}", run_id=run_id))
+    status = ended(client, enqueue(client, fmt, "bad_request"))
 
     assert status.state == "compensated"
     assert "model call failed with HTTP 400" in status.ended
