@@ -490,6 +490,30 @@ def test_a_terminate_revoke_waits_for_the_lease_before_asking_the_lookup(h: Harn
     assert h.world.reversals == [f"{run_id}:{step}:undo"]
 
 
+def test_a_requeue_waits_for_the_lease_of_an_undo_revoked_while_running(h: Harness) -> None:
+    """Found by the model check: an undo revoked while it ran may still be undoing; the run
+    escalates, and a requeue's attempt waits ('busy') until that lease ran out, instead of
+    running the same undo beside it."""
+    run_id = h.start()
+    issued(h, run_id)
+    h.saga.abort(run_id, "cancelled")
+    undo = h.take(REVERSE)
+    store = h.saga.store
+    assert store.begin_compensation(run_id, 1, "first", undo.task_id, "abort", 0.5).status == "run"
+    _on_revoked(h.saga, revoke_request(undo), terminated=True)
+    h.drain()
+    assert h.saga.picture(run_id).state is RunState.ESCALATED
+
+    h.saga.requeue_failed_compensations(run_id)
+    owner = h.saga.picture(run_id).extra["owner"]
+    again = store.begin_compensation(run_id, 1, "second", "t2", owner, 30.0)
+    assert again.status == "busy"  # the revoked execution's lease still holds
+    time.sleep(0.6)
+    h.drain()
+    assert h.saga.picture(run_id).state is RunState.COMPENSATED
+    assert h.world.reversals == [f"{run_id}:1:undo"]
+
+
 def test_the_reaper_does_not_abandon_a_run_that_moved_on_since_it_read_it(h: Harness) -> None:
     """Found by the model check: a reaper pass that read an idle run, then a call arrives;
     its abort on the stale reading is refused (version fence) and the call goes on."""
