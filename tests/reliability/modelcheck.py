@@ -55,6 +55,7 @@ import contextlib
 import enum
 import functools
 import logging
+import os
 import re
 import signal
 import sys
@@ -1963,6 +1964,11 @@ def minimize(error: Violation) -> tuple[Violation, list[str]] | None:
     return best, transcript
 
 
+def _stop_now(_signum: int, _frame: Any) -> None:
+    stop_resources()
+    os._exit(143)
+
+
 def run_once(examples: int, steps: int, seed: int, shrink: bool = True) -> BaseException | None:
     """One Hypothesis run; the exception of its (shrunk) falsifying example, if any."""
     machine = hypothesis.seed(seed)(type("ModelCheck", (ModelCheck,), {}))
@@ -2008,7 +2014,8 @@ def main(argv: list[str] | None = None) -> int:
     conjecture_engine.MAX_SHRINKS = args.shrinks
     conjecture_engine.MAX_SHRINKING_SECONDS = 240
     # A SIGTERM (a CI timeout) must still stop the private redis-server.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # (Stopped here and now: Hypothesis and the delivery threads would swallow a SystemExit.)
+    signal.signal(signal.SIGTERM, _stop_now)
     found: list[tuple[Sighting, Violation, int]] = []
     other = 0
     with quiet_logs(), running():
