@@ -62,7 +62,7 @@ class TranscriptRecord(_Base):
 
     __tablename__ = "saga_transcripts"
 
-    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(RUN_ID_MAX_LENGTH), primary_key=True)
     agent: Mapped[str] = mapped_column(String(100), index=True)
     input_tokens: Mapped[int] = mapped_column(Integer, default=0)
     output_tokens: Mapped[int] = mapped_column(Integer, default=0)
