@@ -431,6 +431,19 @@ class Engine:
         if self.saga.store.client.hexists(key, f"{info.step}:lease"):
             self.saga.store.client.hset(key, f"{info.step}:lease", "0")
 
+    def dead_lease_ran_out(self, info: MessageInfo, task_id: str, alive: set[str]) -> None:
+        """A delivery killed for good (after a terminate-revoke or the time limit: acked, never
+        back) holds its lease until the Redis clock passes it, which the model cannot move: it
+        lets that lease run out now, unless a delivery of the same message is still alive."""
+        from saga.constants import run_keys
+
+        if info.step is None or info.kind not in ("step", "undo") or task_id in alive:
+            return
+        key = run_keys(info.run_id)[1 if info.kind == "step" else 4]
+        claim = self.saga.store.client.hget(key, f"{info.step}:claim") or ""
+        if claim.startswith(f"{task_id}/"):
+            self.saga.store.client.hset(key, f"{info.step}:lease", "0")
+
     def _all_leases_ran_out(self) -> None:
         """The Redis clock moved past every task time limit: every lease has run out."""
         client = self.saga.store.client
@@ -1328,8 +1341,10 @@ class ModelCheck(RuleBasedStateMachine):
         detail = f": {type(delivery.exc).__name__}" if delivery.exc is not None else ""
         self.say(f"{message.label()} d{delivery.number} {outcome}{detail}")
         if outcome == "crash":
-            if delivery.terminated:
-                return  # revoked with terminate: acked, never redelivered
+            if delivery.terminated:  # revoked with terminate: acked, never redelivered
+                alive = {d.message.task_id for d in self.deliveries}
+                self.engine.dead_lease_ran_out(message.info, message.task_id, alive)
+                return
             self.unacked.append(message)
             return
         if outcome == "returned":
