@@ -10,14 +10,9 @@ card, ``saga show`` and the demo alike.
 """
 
 from saga.escalations.card import run_card, to_rich
-from saga.escalations.document import (
-    classify,
-    escalation_package,
-    run_document,
-    run_document_from_records,
-    run_json,
-)
+from saga.escalations.document import run_document, run_document_from_records, run_json
 from saga.escalations.markdown import to_json, to_markdown
+from saga.escalations.package import classify, escalation_package
 from saga.escalations.schema import SCHEMA_VERSION, EscalationDoc, RunDoc, WhyKind
 from saga.escalations.timeline import plain, timeline
 
