@@ -3,7 +3,6 @@ deployment. Every failure maps to an exit code that says what kind it is (``Exit
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
@@ -89,6 +88,5 @@ cli.add_command(doctor)
 
 
 def main() -> None:
-    """The ``saga`` console script."""
+    """The ``saga`` console script (``python -m saga.cli`` too)."""
     cli.main(prog_name="saga")
-    sys.exit(ExitCode.OK)

@@ -79,8 +79,7 @@ def show(env: Env, run_id: str, as_json: bool) -> None:
         emit_json(run_json(doc))
         return
     env.console.print(run_card(doc), crop=False)
-    open_ = [e for e in env.records.escalations(run_id, open_only=True)]
-    for escalation in open_:
+    for escalation in env.records.escalations(run_id, open_only=True):
         env.console.print(
             f"\nescalation {escalation.escalation_id} is open: "
             f"{env.command()} escalation show {escalation.escalation_id}"
