@@ -301,6 +301,29 @@ def test_read_only_commands_never_import_the_app(world: World, escalated: str) -
     assert "cannot import the app no_such_module:saga" in refused.stderr
 
 
+def test_read_only_commands_fall_back_to_the_records_when_redis_is_away(
+    world: World, escalated: str
+) -> None:
+    # Given Redis does not answer (the records database does)
+    away = f"redis://127.0.0.1:{free_port()}/0"
+
+    # When the escalation, the run and the listings are asked for
+    package = world.cli("escalation", "show", f"{escalated}:0", "--json", SAGA_REDIS_URL=away)
+    shown = world.cli("show", escalated, "--json", SAGA_REDIS_URL=away)
+    listed = world.cli("runs", "--json", "--state", "escalated", SAGA_REDIS_URL=away)
+
+    # Then each answers from the records, and says on stderr that Redis was not read
+    for done in (package, shown, listed):
+        assert done.returncode == 0, done.stderr
+        assert "Redis does not answer" in done.stderr
+    run = json.loads(package.stdout)["run"]
+    assert run["source"] == "database" and run["state"] == "escalated"
+    assert [c["state"] for c in run["compensations"]] == ["failed", "done"]
+    assert json.loads(shown.stdout)["source"] == "database"
+    rows = json.loads(listed.stdout)["runs"]
+    assert [r["source"] for r in rows if r["run_id"] == escalated] == ["database"]
+
+
 # -- acting ------------------------------------------------------------------------------------
 
 
