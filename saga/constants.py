@@ -11,6 +11,9 @@ KEY_PREFIX = "saga"
 
 #: Sorted set of runs not yet ended, for the reaper (the one key outside any run's hash tag).
 ACTIVE_RUNS_KEY = f"{KEY_PREFIX}:active"
+#: When the beat-scheduled reaper last finished a pass (Redis clock): ``saga doctor`` reads it
+#: to tell that beat and a worker are alive.
+REAPER_PASS_KEY = f"{KEY_PREFIX}:reaper:last-pass"
 #: Fault-injection rules and their counters (saga.testing), read only when explicitly enabled.
 FAULTS_KEY = f"{KEY_PREFIX}:{{testing}}:faults"
 FAULT_COUNTS_KEY = f"{KEY_PREFIX}:{{testing}}:fault-counts"

@@ -69,6 +69,9 @@ class CompensationRecord:
     history: list[dict[str, Any]] = field(default_factory=list)
     #: Until when its current execution may still be running (Redis clock).
     lease: float | None = None
+    #: The error of each failed attempt, oldest first, across requeues (the last 20):
+    #: ``{"error": {"type", "message", "attempt"}, "at": "<Redis clock>"}``.
+    errors: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ def _compensations_from(fields: dict[str, str]) -> list[CompensationRecord]:
             round_start=int(fields.get(f"{n}:round_start") or 0),
             history=payload.loads(fields.get(f"{n}:history") or "[]"),
             lease=_number(fields, f"{n}:lease"),
+            errors=payload.loads(fields.get(f"{n}:errors") or "[]"),
         )
         for n in numbers
     ]

@@ -83,7 +83,8 @@ class EscalationRecord(_Base):
     - ``stack``: the undo entries still on the stack, oldest first (``step``, ``tool``,
       ``args``, ``idempotency_key``, ``description``; ``broken`` if it could not be built).
     - ``failed_compensations``: each undo that gave up (``step``, ``undo`` its entry,
-      ``attempts``, ``error`` as ``{"type", "message", ...}``, ``state``).
+      ``attempts``, ``error`` as ``{"type", "message", ...}``, ``state``, ``history`` its
+      earlier rounds, ``errors`` every failed attempt's ``{"error", "at"}``).
     - ``not_undone``: every effect still live in the world (``step``, ``tool``, ``result``,
       ``why``: irreversible, past the pivot, its compensation failed, in doubt, ...).
 
@@ -292,6 +293,7 @@ def _escalation(picture: RunPicture, reason: str) -> EscalationRecord:
             "error": c.error,
             "state": c.state.value,
             "history": c.history,
+            "errors": c.errors,
         }
         for c in picture.compensations
         if c.state is CompensationState.FAILED

@@ -73,6 +73,8 @@ def install(app: Celery, saga: Saga) -> None:
     @app.task(name=REAP_TASK, bind=True, ignore_result=True, shared=False)
     def reap(self: Task) -> dict[str, int]:
         report = saga.reap()
+        # Only the scheduled task marks a pass (not ``saga reap`` by hand): it shows beat runs.
+        saga.store.note_reaper_pass()
         return {
             "examined": report.examined,
             "abandoned": len(report.abandoned),
@@ -83,7 +85,7 @@ def install(app: Celery, saga: Saga) -> None:
 
     def refuse_unsafe_configuration(sender: Any = None, **_: Any) -> None:
         try:
-            problems = configuration_problems(app.conf, _delays(saga), [saga.store.client])
+            problems = guard_problems(saga)
         except Exception as exc:  # a guard that cannot look must not wave the worker through
             problems = [f"the configuration could not be checked: {exc!r}"]
         if faults_enabled():
@@ -112,6 +114,13 @@ def install(app: Celery, saga: Saga) -> None:
             # The records database may be down: keep the run unwinding and try again.
             attempt = self.request.retries + 1
             raise self.retry(exc=exc, countdown=_CONCLUDE_RETRY.delay(attempt)) from exc
+
+
+def guard_problems(saga: Saga, check_redis: bool = True) -> list[str]:
+    """What the start-up guard finds wrong with ``saga``'s app (``saga doctor`` asks too,
+    ``check_redis=False`` when it has looked at the stack's Redis itself)."""
+    stores = [saga.store.client] if check_redis else []
+    return configuration_problems(saga.app.conf, _delays(saga), stores)
 
 
 #: Arguments already crossed the broker within the dispatcher's limit: no second limit here.
