@@ -136,12 +136,14 @@ _BUSY_WAIT = RetryPolicy(attempts=2, backoff=1.0, backoff_max=1.0, jitter=False)
 
 def _delays(saga: Saga) -> dict[str, RetryPolicy]:
     """Every delay a worker may hold a message for, by who asks for it (the guard's input)."""
-    return {
+    delays = {
         **{tool.name: tool.retry for tool in saga.registry},
         CONCLUDE_UNWIND_TASK: _CONCLUDE_RETRY,
         "a delivery waiting for another's lease": _BUSY_WAIT,
-        f"{NOTIFY_TASK} (SAGA_NOTIFY_BACKOFF_MAX)": notify_task.retry_policy(saga),
     }
+    if saga.settings.notifications.sinks:  # else this worker has no notice to deliver
+        delays[f"{NOTIFY_TASK} (SAGA_NOTIFY_BACKOFF_MAX)"] = notify_task.retry_policy(saga)
+    return delays
 
 
 #: ``celery worker --metrics-port N`` (or ``SAGA_METRICS_PORT``): serve Prometheus metrics.
