@@ -1,0 +1,1 @@
+"""Glue to tools around Celery that saga's deployment uses (Flower)."""
