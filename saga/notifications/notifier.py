@@ -109,10 +109,17 @@ class Notifier:
 
     def sweep(self, now: float) -> list[str]:
         """Send again every pending notice nobody is expected to act on any more (its
-        message lost, its publish refused, its worker gone); return their task ids."""
-        if not self.settings.sinks:
+        message lost, its publish refused, its worker gone), and announce the open escalations
+        that have none (recorded where no sink was set); return the tasks sent."""
+        sinks = self.settings.sinks
+        if not sinks:
             return []
         sent = []
+        for escalation_id, run_id in self.store.unannounced(sinks):
+            logger.warning("escalation %s was never announced: sending its notices", escalation_id)
+            for sink in self.store.open(escalation_id, run_id, sinks, now + SWEEP_GRACE):
+                if self.send(escalation_id, sink):
+                    sent.append(notice_task_id(escalation_id, sink))
         for escalation_id, sink in self.store.due(now):
             self.store.postpone(escalation_id, sink, now + SWEEP_GRACE)
             logger.warning("notice of escalation %s to %s: sending it again", escalation_id, sink)

@@ -26,6 +26,7 @@ from sqlalchemy import (
     Table,
     Text,
     and_,
+    func,
     select,
     update,
 )
@@ -229,6 +230,28 @@ class NoticeStore:
         )
         with self.engine.connect() as connection:
             return [(row.escalation_id, row.sink) for row in connection.execute(query)]
+
+    def unannounced(self, sinks: tuple[str, ...], limit: int = 100) -> list[tuple[str, str]]:
+        """Open escalations without a notice for one of ``sinks`` (recorded by a process where
+        the sinks were not set, or before they were): ``(escalation id, run id)``."""
+        from saga.records import EscalationRecord
+
+        announced = (
+            select(func.count())
+            .where(
+                NoticeRecord.escalation_id == EscalationRecord.escalation_id,
+                NoticeRecord.sink.in_(sinks),
+            )
+            .scalar_subquery()
+        )
+        query = (
+            select(EscalationRecord.escalation_id, EscalationRecord.run_id)
+            .where(EscalationRecord.resolved.is_(False), announced < len(sinks))
+            .order_by(EscalationRecord.created_at)
+            .limit(limit)
+        )
+        with self.engine.connect() as connection:
+            return [(row.escalation_id, row.run_id) for row in connection.execute(query)]
 
     def notices(
         self, escalation_id: str | None = None, state: NoticeState | None = None

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import redis
 
 from saga import RunState, StepFailedError
-from saga.notifications import SCHEMA_VERSION, NoticeRecord, NoticeState
+from saga.notifications import SCHEMA_VERSION, NoticeRecord, NoticeState, NotifySettings
 from saga.notifications.notifier import SWEEP_GRACE
 from tasks import systems
 from tests.integration.deployment import Deployment, deployment
@@ -202,6 +203,25 @@ def test_a_notice_whose_publish_was_refused_is_sent_by_the_reaper(
     report = saga.reap(now=saga.store.now() + SWEEP_GRACE + 1)
 
     # Then it sends them, and they are delivered once
+    assert f"{escalation_id}:notify:webhook" in report.notices
+    rows = wait_until(lambda: settled(saga, escalation_id), 60, "the notices to settle")
+    assert {n.state for n in rows.values()} == {NoticeState.SENT}
+    assert len(receiver.of(escalation_id)) == 1
+
+
+def test_an_escalation_recorded_where_no_sink_was_set_is_announced_by_the_reaper(
+    saga: Any, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an escalation recorded by a process whose environment set no sink
+    monkeypatch.setattr(saga, "settings", replace(saga.settings, notifications=NotifySettings()))
+    escalation_id = escalate_here(saga, f"unset-{uuid.uuid4().hex[:8]}")
+    monkeypatch.undo()
+    assert notices(saga, escalation_id) == {}
+
+    # When the reaper passes (where the sinks are set)
+    report = saga.reap()
+
+    # Then the escalation's notices are written and delivered
     assert f"{escalation_id}:notify:webhook" in report.notices
     rows = wait_until(lambda: settled(saga, escalation_id), 60, "the notices to settle")
     assert {n.state for n in rows.values()} == {NoticeState.SENT}
