@@ -53,7 +53,7 @@ class ReapReport:
     in_doubt: list[tuple[str, int, str]] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
     recorded: list[str] = field(default_factory=list)
-    #: Escalation notices sent again (their message lost, or their publish refused).
+    #: Escalation notices sent by the sweep (their message lost or refused, or never written).
     notices: list[str] = field(default_factory=list)
     #: Runs it could not handle: (run id, what went wrong). Each is escalated.
     broken: list[tuple[str, str]] = field(default_factory=list)

@@ -6,6 +6,7 @@ session's shared worker (which has none of these settings) never takes its tasks
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +24,7 @@ from tests.conftest import ROOT, service_missing
 #: the longest retry delay of any demo tool or notice (0.8 s) plus the guard's 1 s margin.
 VISIBILITY_TIMEOUT = 8
 TIME_LIMIT = 5
+_READ_ENV_ONCE = ("celeryconfig", "saga.celery_defaults")
 
 
 class Deployment:
@@ -110,6 +112,9 @@ def deployment(
     from tasks import systems
 
     made = Deployment(data, extra_env, worker_args or [])
+    # These modules read the environment once, when first imported: one imported under this
+    # deployment's variables must not keep them for the rest of the session.
+    fresh = [name for name in _READ_ENV_ONCE if name not in sys.modules]
     with pytest.MonkeyPatch.context() as patch:
         for key, value in made.env.items():
             patch.setenv(key, value)
@@ -120,3 +125,5 @@ def deployment(
         finally:
             made.stop()
             systems.dispose_engines()
+            for name in fresh:
+                sys.modules.pop(name, None)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from celery import Celery
 from prometheus_client import REGISTRY
 
-from saga import metrics
+from saga import Saga, Settings, ToolRegistry, metrics
 
 
 def test_counters_move_in_the_default_registry() -> None:
@@ -19,8 +20,9 @@ def test_counters_move_in_the_default_registry() -> None:
 
 
 def test_the_worker_command_takes_a_metrics_port_option_or_its_variable() -> None:
-    from tasks.app import app
-
+    # A fresh app: importing tasks.app here would fix its settings to this process's env.
+    app = Celery("unit-metrics")
+    Saga(app, ToolRegistry(), Settings())
     [option] = [o for o in app.user_options["worker"] if "--metrics-port" in o.opts]
     assert option.envvar == "SAGA_METRICS_PORT"
     assert option.type.name == "integer"
