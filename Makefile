@@ -53,8 +53,10 @@ turns: $(INSTALLED)
 beat: $(INSTALLED)
 	$(BIN)/celery -A tasks.app beat --loglevel INFO
 
+# Read-only Flower behind SAGA_FLOWER_BASIC_AUTH=user:password (or, on a development machine,
+# SAGA_FLOWER_INSECURE_LOCAL=1: no password, 127.0.0.1 only). docs/deployment.md.
 flower: $(INSTALLED)
-	$(BIN)/celery -A tasks.app flower
+	$(BIN)/python -m saga.integrations.flower -A tasks.app --port=5555
 
 clean:
 	rm -rf $(VENV) .demo-data .pytest_cache .mypy_cache .ruff_cache *.egg-info

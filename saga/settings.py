@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Self
 
+from saga.notifications.settings import NotifySettings
+
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_DATABASE_URL = "sqlite:///saga.db"
 
@@ -47,6 +49,8 @@ class Settings:
     store_outage_patience: float = 30.0
     #: Extra Redis client options (e.g. TLS certificates).
     redis_options: dict[str, object] = field(default_factory=dict)
+    #: Who is told of escalations besides the ERROR log (``SAGA_NOTIFY_*``).
+    notifications: NotifySettings = field(default_factory=NotifySettings)
 
     @classmethod
     def from_env(cls) -> Self:
@@ -78,4 +82,5 @@ class Settings:
             run_deadline_seconds=_env_int("SAGA_RUN_DEADLINE", cls.run_deadline_seconds),
             max_redeliveries=_env_int("SAGA_MAX_REDELIVERIES", cls.max_redeliveries),
             redis_options=redis_options,
+            notifications=NotifySettings.from_env(),
         )

@@ -11,4 +11,7 @@ describes them; send each call through the run's dispatcher and wait for its ste
 model about what it can fix (bad arguments, a class 5 call too early, a reversible call past
 the pivot, a ``ToolRejected``); and stop the agent with the saga's error when a failed write
 unwinds the run. Nothing is imported here: each module imports its own framework.
+
+Beside them, ``saga.integrations.flower``: Flower for operators, behind basic auth and with its
+control routes refused.
 """
