@@ -37,11 +37,12 @@ bench: $(INSTALLED)
 chaos: $(INSTALLED)
 	$(BIN)/python -m tests.reliability.chaos --runs $(or $(RUNS),200) --seed $(SEED)
 
-# The model check of the engine's state machines, long profile (it starts its own
-# redis-server): make modelcheck EXAMPLES=N SEED=S (default 20000, 1).
+# The model check of the engine's state machines, long profile (each job starts its own
+# redis-server): make modelcheck EXAMPLES=N SEED=S JOBS=J (default 20000, 1, 2: one per core).
 EXAMPLES ?= 20000
+JOBS ?= 2
 modelcheck: $(INSTALLED)
-	$(BIN)/python -m tests.reliability.modelcheck --examples $(EXAMPLES) --seed $(SEED)
+	$(BIN)/python -m tests.reliability.modelcheck --examples $(EXAMPLES) --seed $(SEED) --jobs $(JOBS)
 
 worker: $(INSTALLED)
 	$(BIN)/celery -A tasks.app worker -Q celery -E --loglevel INFO
