@@ -35,7 +35,8 @@ same defect) and the search goes on with the remaining example budget, so one de
 hide the others. ``--stop-first`` stops at the first; ``--only SYMPTOM[+FAULT,...]`` counts
 only that violation (to measure how many examples one defect needs). Its last line is
 ``modelcheck: N examples, V violations`` (N: examples generated, shrinking replays not
-counted; V: distinct violations found); the exit status is 1 when V > 0.
+counted; V: distinct violations found); the exit status is 1 when V > 0. ``--jobs J`` runs J
+copies side by side (seeds ``S*100+j``, each its share of the examples) and sums them.
 
 Symptoms (each an exception class ``Violation_<symptom>``): ``stuck-<state>``,
 ``stalled-without-reaper`` (an unwind only the reaper could end although no message of the run
