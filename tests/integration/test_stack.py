@@ -8,6 +8,7 @@ proven on its own.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -911,3 +912,29 @@ def test_a_move_not_in_the_table_is_refused_loudly(
     assert {c.state for c in store.picture(run_id).compensations} == {  # type: ignore[union-attr]
         CompensationState.PENDING
     }
+
+
+def test_more_callers_than_connections_wait_for_one_instead_of_failing(redis_url: str) -> None:
+    """A web app with more threads waiting on Redis than the pool holds: each waits for a free
+    connection (redis-py's plain pool would raise "Too many connections" past its cap)."""
+    separator = "&" if "?" in redis_url else "?"
+    small = RunStore.from_url(f"{redis_url}{separator}max_connections=3", RETENTION)
+    errors: list[BaseException] = []
+
+    def wait_on_redis() -> None:
+        try:
+            small.client.blpop([f"test-pool-{uuid.uuid4().hex}"], timeout=0.2)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wait_on_redis) for _ in range(12)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=20)
+        assert not any(thread.is_alive() for thread in threads)
+        assert errors == []
+        assert small.client.connection_pool.max_connections == 3
+    finally:
+        small.client.close()
