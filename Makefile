@@ -33,7 +33,8 @@ lint: $(INSTALLED)
 bench: $(INSTALLED)
 	scripts/with-redis $(BIN)/python benchmarks/overhead.py --runs $(or $(RUNS),300)
 
-# The randomised chaos run alone (it starts its own redis-server and two workers).
+# The randomised chaos run alone (it starts its own redis-server, two tool workers and a
+# turn worker; a quarter of its runs are hosted agent runs).
 chaos: $(INSTALLED)
 	$(BIN)/python -m tests.reliability.chaos --runs $(or $(RUNS),200) --seed $(SEED)
 
