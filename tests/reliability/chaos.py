@@ -280,18 +280,31 @@ def _turns(
     rng: random.Random, plan: dict[str, Any], tools: list[str], pivot: int | None
 ) -> dict[str, Any]:
     """A hosted run's script: the steps in 2-4 turns of consecutive steps (several calls in
-    one answer run in parallel), the irreversible call alone or beside reads only, a write
-    after it in a later turn; sometimes that call is asked for a turn too early, beside a
-    write (it must be refused, and the script asks for it again in its own turn). Also: where
-    the model gives up (the plan's abort), how long it thinks, and the turn worker's kills."""
+    one answer run in parallel; 5 turns where two puts on one slot must be kept apart), the
+    irreversible call alone or beside reads only, a write after it in a later turn; sometimes
+    that call is asked for a turn too early, beside a write (it must be refused, and the script
+    asks for it again in its own turn). Also: where the model gives up (the plan's abort), how
+    long it thinks, and the turn worker's kills."""
     n = len(tools)
     required = set()
     if pivot is not None:
         required.add(pivot - 1)  # a cut after step pivot - 1: nothing written beside notify
         if pivot < n and tools[pivot] == "tag":
             required.add(pivot)
+    # Two puts on one slot never share a turn: parallel calls run in any order, and such
+    # writes do not commute (neither would their undos, taken in reverse step order).
+    slots: set[int] = set()
+    for s, step in enumerate(plan["steps"], 1):
+        if s - 1 in required:
+            slots = set()
+        if step["tool"] == "put":
+            if step["args"]["slot"] in slots:
+                required.add(s - 1)
+                slots = set()
+            slots.add(step["args"]["slot"])
     free = [p for p in range(1, n) if p not in required]
-    count = rng.randint(max(2, len(required) + 1), min(4, n))
+    low = max(2, len(required) + 1)
+    count = rng.randint(low, max(low, min(4, n)))
     cuts = sorted(required | set(rng.sample(free, count - 1 - len(required))))
     bounds = [0, *cuts, n]
     turns = [list(range(a + 1, b + 1)) for a, b in itertools.pairwise(bounds)]
