@@ -39,7 +39,8 @@ bench: $(INSTALLED)
 bench-agents: $(INSTALLED)
 	scripts/with-redis $(BIN)/python benchmarks/agents.py --runs $(or $(RUNS),200)
 
-# The randomised chaos run alone (it starts its own redis-server and two workers).
+# The randomised chaos run alone (it starts its own redis-server, two tool workers and a
+# turn worker; a quarter of its runs are hosted agent runs).
 chaos: $(INSTALLED)
 	$(BIN)/python -m tests.reliability.chaos --runs $(or $(RUNS),200) --seed $(SEED)
 
