@@ -895,18 +895,18 @@ def test_a_stale_unwind_neither_compensates_nor_concludes(store: RunStore, new_r
 def test_a_move_not_in_the_table_is_refused_loudly(
     store: RunStore, new_run: NewRun, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A retry of an undo nobody began, a success of a failed undo: refused and logged."""
+    """A retry of an undo nobody began, a refusal of a step that succeeded: refused, logged."""
     run_id = new_run()
     three_writes_and_abort(store, run_id)
     with caplog.at_level("ERROR", logger="saga.stack"):
         refused = store.record_compensation(run_id, 3, "retry", {"message": "?"})
-        verdict = store.record_failure(run_id, 1, {"message": "?"}, event="never_started")
+        verdict = store.record_failure(run_id, 1, {"message": "?"}, event="reject")
     assert refused == Outcome("illegal", ("comp", "pending", "retry"))
-    assert verdict == Outcome("illegal", ("step", "succeeded", "never_started"))
+    assert verdict == Outcome("illegal", ("step", "succeeded", "reject"))
     assert [r.getMessage().split(":")[1].strip() for r in caplog.records] == [
         "refused comp transition 'pending' --retry--> (not in saga/machine.py's table; "
         "record_compensation [3])",
-        "refused step transition 'succeeded' --never_started--> (not in saga/machine.py's "
+        "refused step transition 'succeeded' --reject--> (not in saga/machine.py's "
         "table; record_failure [1])",
     ]
     assert {c.state for c in store.picture(run_id).compensations} == {  # type: ignore[union-attr]
