@@ -487,6 +487,12 @@ class Engine:
             return MessageInfo(run_id, "undo", int(kwargs["compensates"]), tool)
         return MessageInfo(run_id, "step", int(kwargs["step"]), tool)
 
+    def doubt_unresolved(self, run_id: str) -> bool:
+        """A step of the run is in doubt with nothing that can tell (a person must look: a
+        requeue of its undos cannot end the run compensated)."""
+        picture = self._real_picture(run_id)
+        return picture is not None and any(s.state.value == "in_doubt" for s in picture.steps)
+
     def redis_state(self, run_id: str) -> str | None:
         picture = self._real_picture(run_id)
         return None if picture is None else str(picture.state.value)
@@ -1674,12 +1680,13 @@ class ModelCheck(RuleBasedStateMachine):
     @step
     def requeue(self, run: int, fix: bool) -> None:
         """``requeue_failed_compensations``, with the cause fixed first or not. With fewer
-        failures left than a compensation's attempts, the requeued unwind must compensate."""
+        failures left than a compensation's attempts (and no step in doubt that nothing can
+        tell), the requeued unwind must compensate."""
         escalated = self.in_state("escalated")
         run_id = escalated[run % len(escalated)]
         if fix:
             WORLD.undo_failures = 0
-        healthy = WORLD.undo_failures < ATTEMPTS
+        healthy = WORLD.undo_failures < ATTEMPTS and not self.engine.doubt_unresolved(run_id)
         self.touch(run_id, "requeue")
         self.requeue_expected.pop(run_id, None)
         mark = (WORLD.undo_calls.get(run_id, 0), self.events.get(run_id, 0), self.undo_fault_epoch)
