@@ -74,7 +74,8 @@ def status(database_url: str) -> tuple[str | None, str]:
 
 def check(database_url: str) -> None:
     """Refuse a database behind this version's head (``DatabaseSchemaError``). One ahead of
-    it (a newer deploy migrated first) passes: revisions only ever add to the schema."""
+    it (a newer deploy migrated first) passes: revisions only ever add to the schema, or
+    widen it."""
     current, newest = status(database_url)
     if current == newest:
         return
