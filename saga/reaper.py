@@ -20,7 +20,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from saga.constants import step_idempotency_key
 from saga.errors import RunEndedError, StoreUnavailableError, UnknownToolError
@@ -164,13 +165,25 @@ def _reconcile_doubts(saga: Saga, picture: RunPicture, report: ReapReport) -> li
     return waiting
 
 
+#: Errors that say a store is unreachable for now, not that this run's data is wrong.
+_AWAY = (
+    OperationalError,
+    InterfaceError,
+    DisconnectionError,
+    PoolTimeoutError,
+    StoreUnavailableError,
+)
+
+
 def _broken(saga: Saga, run_id: str, exc: Exception, now: float, report: ReapReport) -> None:
     """A run the reaper cannot handle must not stop it for the others, nor be retried every
     pass, nor stay silent: log it, escalate it to a person, look again later."""
     message = f"{type(exc).__name__}: {exc}"
     report.broken.append((run_id, message))
-    if isinstance(exc, SQLAlchemyError | StoreUnavailableError):
+    if isinstance(exc, _AWAY):
         # The database or Redis is away: nothing is wrong with the run; try it again later.
+        # (A record the database refuses for good, a value too long or a missing table, is
+        # not "away": retrying alone would never end, so it is escalated below.)
         logger.error("reaper: run %s waits for %s", run_id, message)
         with contextlib.suppress(StoreUnavailableError):
             saga.store.schedule(run_id, now + _RETRY_BROKEN)

@@ -91,7 +91,8 @@ def conclusion(picture: RunPicture) -> tuple[RunState, str]:
 
 def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
     """Effects still live in the world after the run ended, each with why."""
-    undone = {c.step for c in picture.compensations if c.state is CompensationState.DONE}
+    undos = {c.step: c.state for c in picture.compensations}
+    undone = {step for step, state in undos.items() if state is CompensationState.DONE}
     live = []
     for step in picture.steps:
         if step.state is StepState.IN_DOUBT:
@@ -108,7 +109,11 @@ def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
             why = "convergent write: kept, it has no undo"
         elif picture.pivot_step is not None:
             why = "not unwound: the run was past its pivot"
-        else:
+        elif undos.get(step.step) is CompensationState.FAILED:
             why = "its compensation failed"
+        elif step.step in undos:
+            why = "its compensation has not run yet (a requeue runs it)"
+        else:
+            why = "it has no compensation on record"
         live.append({"step": step.step, "tool": step.tool, "result": step.result, "why": why})
     return live

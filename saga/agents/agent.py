@@ -19,7 +19,8 @@ from saga.model import ToolClass
 from saga.retry import RetryPolicy
 from saga.tools import Tool, ToolRegistry
 
-_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+#: Agent names go in a 100-character column; 64 is plenty for a name a person reads.
+_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 
 
 class OnFailure(StrEnum):

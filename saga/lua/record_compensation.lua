@@ -17,6 +17,11 @@ if outcome == 'revoke' and redis.call('HGET', RUN, 'owner') ~= ARGV[5] then retu
 if to == 'done' then
   redis.call('LREM', STACK, 1, redis.call('HGET', COMPS, n .. ':entry'))
   redis.call('HSET', COMPS, n .. ':state', to, n .. ':at', NOW_S, n .. ':claim', '')
+elseif to == 'failed' and outcome == 'revoke' and cs == 'running' then
+  -- Revoked while running: the execution may still be undoing (a revoke does not stop a
+  -- running task; a terminate takes a moment). Its claim stays, so its lease keeps a requeued
+  -- attempt waiting ('busy') until it has run out.
+  redis.call('HSET', COMPS, n .. ':state', to, n .. ':error', ARGV[3], n .. ':at', NOW_S)
 elseif to == 'failed' then
   redis.call('HSET', COMPS, n .. ':state', to, n .. ':error', ARGV[3], n .. ':at', NOW_S,
     n .. ':claim', '')

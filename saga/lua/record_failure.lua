@@ -10,6 +10,11 @@ local st = redis.call('HGET', STEPS, n .. ':state')
 if not st then return {'unknown'} end
 if st == 'failed' and ARGV[3] == 'fail' then return {'dup', still_mine(owner)} end
 if st == 'rejected' and ARGV[3] == 'reject' then return {'dup', still_mine(owner)} end
+if ARGV[3] == 'never_started' and st ~= 'dispatched' then
+  -- The verdict came from a reading a moment old: a delivery has begun (or settled) the step
+  -- since. Expected, not illegal: the verdict simply does not hold.
+  return {'began', st}
+end
 local to = move('step', st, ARGV[3])
 if not to then return illegal('step', st, ARGV[3]) end
 redis.call('HSET', STEPS, n .. ':state', to, n .. ':error', ARGV[2], n .. ':claim', '')

@@ -3,6 +3,8 @@
 --       action (JSON: who requeued and what they corrected, kept for the run's record)
 -- Reopen an escalated run to run its failed (and never run) compensations again, each with a
 -- fresh attempt budget; earlier attempts stay counted in 'attempts' and listed in 'history'.
+-- Claims stay: an execution revoked while running keeps its lease, and the requeued attempt
+-- waits ('busy') until that lease has run out instead of undoing beside it.
 -- A run a person resolved (at its current version) is theirs: it is not requeued.
 local state = redis.call('HGET', RUN, 'state')
 if not state then return {'unknown'} end
@@ -39,7 +41,7 @@ for i = 1, #fields, 2 do
         at = redis.call('HGET', COMPS, n .. ':at')})
     end
     redis.call('HSET', COMPS, n .. ':state', move('comp', fields[i + 1], 'requeue'),
-      n .. ':round_start', attempts, n .. ':claim', '', n .. ':history', cjson.encode(history))
+      n .. ':round_start', attempts, n .. ':history', cjson.encode(history))
     again = again + 1
   end
 end

@@ -5,6 +5,7 @@ that broke the engine, and checks the corrected behaviour. One test per defect, 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 
 from saga import RunState, StepState
 from saga.constants import ACTIVE_RUNS_KEY, run_keys, step_idempotency_key
@@ -88,7 +89,9 @@ def test_defect_1_a_requeued_compensation_gets_a_fresh_attempt_budget(h: Harness
     assert h.world.reversals == [f"{run_id}:1:undo"]
 
 
-def test_defect_2_the_reaper_never_fails_a_step_that_began(h: Harness) -> None:
+def test_defect_2_the_reaper_never_fails_a_step_that_began(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     """A stale "never started" verdict is refused by the script; the effect is kept (r1)."""
     # Given a run idle past its deadline whose credit is still queued, as the reaper saw it
     run_id = h.start(deadline=1)
@@ -101,8 +104,12 @@ def test_defect_2_the_reaper_never_fails_a_step_that_began(h: Harness) -> None:
     assert began.status == "run"
     report = ReapReport()
     _resolve(h.saga, stale, store.now() + 10, report)
-    # Then the verdict was refused; the worker's success is recorded; nothing unwinds
+    # Then the verdict was refused (an expected race: no ERROR logged); the worker's success
+    # is recorded; nothing unwinds
     assert report.never_started == []
+    assert [r.message for r in caplog.records if r.levelno >= logging.ERROR] == []
+    error = {"type": "NeverStarted", "message": "stale"}
+    assert store.record_failure(run_id, step, error, "never_started").status == "began"
     assert h.saga.picture(run_id).step(step).state is StepState.RUNNING
     tool = h.registry.get("issue_credit")
     _settle_success(h.saga, tool, run_id, step, message.kwargs["args"], {"credit_id": "x"})
@@ -360,6 +367,32 @@ def test_defect_15_one_unreadable_run_does_not_stop_the_reaper(h: Harness) -> No
     assert h.saga.reap(now=h.saga.store.now() + 5).broken == []  # not every pass
 
 
+def test_a_record_the_database_refuses_for_good_is_escalated_not_retried_silently(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run row the database will never take (a value too long: R4 for hosted runs) is not
+    "the database is away": the reaper escalates it, and the keys stay until it is written."""
+    run_id = h.start()
+    issued(h, run_id)
+    refused = DataError("INSERT INTO saga_runs", {}, Exception("value too long"))
+
+    def refuse(picture: Any) -> None:
+        raise refused
+
+    monkeypatch.setattr(h.saga.records, "record_outcome", refuse)
+    h.saga.abort(run_id, "cancelled")
+    h.drain()
+    assert h.saga.store.head(run_id).recorded is False  # type: ignore[union-attr]
+
+    report = h.saga.reap(now=h.saga.store.now() + 1)
+
+    assert [run for run, _ in report.broken] == [run_id]
+    [escalation] = h.saga.records.escalations(run_id)
+    assert escalation.reason == "the reaper could not handle this run"
+    assert "value too long" in escalation.cause
+    assert h.saga.store.client.ttl(run_keys(run_id)[0]) == -1
+
+
 def test_defect_16_a_write_that_raised_after_its_effect_is_found_and_undone(
     h: Harness,
 ) -> None:
@@ -488,6 +521,30 @@ def test_a_terminate_revoke_waits_for_the_lease_before_asking_the_lookup(h: Harn
     assert report.in_doubt == [(run_id, step, "happened")]
     assert h.saga.picture(run_id).state is RunState.COMPENSATED
     assert h.world.reversals == [f"{run_id}:{step}:undo"]
+
+
+def test_a_requeue_waits_for_the_lease_of_an_undo_revoked_while_running(h: Harness) -> None:
+    """Found by the model check: an undo revoked while it ran may still be undoing; the run
+    escalates, and a requeue's attempt waits ('busy') until that lease ran out, instead of
+    running the same undo beside it."""
+    run_id = h.start()
+    issued(h, run_id)
+    h.saga.abort(run_id, "cancelled")
+    undo = h.take(REVERSE)
+    store = h.saga.store
+    assert store.begin_compensation(run_id, 1, "first", undo.task_id, "abort", 0.5).status == "run"
+    _on_revoked(h.saga, revoke_request(undo), terminated=True)
+    h.drain()
+    assert h.saga.picture(run_id).state is RunState.ESCALATED
+
+    h.saga.requeue_failed_compensations(run_id)
+    owner = h.saga.picture(run_id).extra["owner"]
+    again = store.begin_compensation(run_id, 1, "second", "t2", owner, 30.0)
+    assert again.status == "busy"  # the revoked execution's lease still holds
+    time.sleep(0.6)
+    h.drain()
+    assert h.saga.picture(run_id).state is RunState.COMPENSATED
+    assert h.world.reversals == [f"{run_id}:1:undo"]
 
 
 def test_the_reaper_does_not_abandon_a_run_that_moved_on_since_it_read_it(h: Harness) -> None:

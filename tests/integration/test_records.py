@@ -417,6 +417,18 @@ def test_the_longest_accepted_run_id_is_recorded(records: RecordStore) -> None:
     assert escalation.escalation_id == f"{run_id}:{generation}"
 
 
+def test_every_run_id_column_holds_the_longest_accepted_run_id() -> None:
+    """R4 again, for hosted runs: a transcript keyed by a 65-128 character run id must fit too
+    (its row is written in the run's transaction: one that does not fit loses both)."""
+    columns = [
+        (table.name, table.c.run_id.type.length)
+        for table in RunRecord.metadata.sorted_tables
+        if "run_id" in table.c
+    ]
+    assert {name for name, _ in columns} >= {"saga_runs", "saga_escalations", "saga_transcripts"}
+    assert all(length == RUN_ID_MAX_LENGTH for _, length in columns), columns
+
+
 def test_open_escalations_and_resolving_them(records: RecordStore) -> None:
     """``resolve_escalations`` closes every escalation of one run, and only of that run."""
     # Given two runs escalated, the first twice (before and after a requeue)

@@ -55,6 +55,7 @@ import contextlib
 import enum
 import functools
 import logging
+import os
 import re
 import signal
 import sys
@@ -428,6 +429,19 @@ class Engine:
             return
         key = run_keys(info.run_id)[1 if info.kind == "step" else 4]
         if self.saga.store.client.hexists(key, f"{info.step}:lease"):
+            self.saga.store.client.hset(key, f"{info.step}:lease", "0")
+
+    def dead_lease_ran_out(self, info: MessageInfo, task_id: str, alive: set[str]) -> None:
+        """A delivery killed for good (after a terminate-revoke or the time limit: acked, never
+        back) holds its lease until the Redis clock passes it, which the model cannot move: it
+        lets that lease run out now, unless a delivery of the same message is still alive."""
+        from saga.constants import run_keys
+
+        if info.step is None or info.kind not in ("step", "undo") or task_id in alive:
+            return
+        key = run_keys(info.run_id)[1 if info.kind == "step" else 4]
+        claim = self.saga.store.client.hget(key, f"{info.step}:claim") or ""
+        if claim.startswith(f"{task_id}/"):
             self.saga.store.client.hset(key, f"{info.step}:lease", "0")
 
     def _all_leases_ran_out(self) -> None:
@@ -1327,8 +1341,10 @@ class ModelCheck(RuleBasedStateMachine):
         detail = f": {type(delivery.exc).__name__}" if delivery.exc is not None else ""
         self.say(f"{message.label()} d{delivery.number} {outcome}{detail}")
         if outcome == "crash":
-            if delivery.terminated:
-                return  # revoked with terminate: acked, never redelivered
+            if delivery.terminated:  # revoked with terminate: acked, never redelivered
+                alive = {d.message.task_id for d in self.deliveries}
+                self.engine.dead_lease_ran_out(message.info, message.task_id, alive)
+                return
             self.unacked.append(message)
             return
         if outcome == "returned":
@@ -1963,6 +1979,11 @@ def minimize(error: Violation) -> tuple[Violation, list[str]] | None:
     return best, transcript
 
 
+def _stop_now(_signum: int, _frame: Any) -> None:
+    stop_resources()
+    os._exit(143)
+
+
 def run_once(examples: int, steps: int, seed: int, shrink: bool = True) -> BaseException | None:
     """One Hypothesis run; the exception of its (shrunk) falsifying example, if any."""
     machine = hypothesis.seed(seed)(type("ModelCheck", (ModelCheck,), {}))
@@ -2008,7 +2029,8 @@ def main(argv: list[str] | None = None) -> int:
     conjecture_engine.MAX_SHRINKS = args.shrinks
     conjecture_engine.MAX_SHRINKING_SECONDS = 240
     # A SIGTERM (a CI timeout) must still stop the private redis-server.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # (Stopped here and now: Hypothesis and the delivery threads would swallow a SystemExit.)
+    signal.signal(signal.SIGTERM, _stop_now)
     found: list[tuple[Sighting, Violation, int]] = []
     other = 0
     with quiet_logs(), running():

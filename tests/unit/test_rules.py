@@ -333,6 +333,27 @@ def test_conclusion_of_a_run_with_nothing_to_undo_is_compensated() -> None:
 # -- not_undone ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("undo", "why"),
+    [
+        (CompensationState.FAILED, "its compensation failed"),
+        (CompensationState.PENDING, "its compensation has not run yet (a requeue runs it)"),
+        (None, "it has no compensation on record"),
+    ],
+)
+def test_not_undone_says_whether_the_undo_failed_or_never_ran(
+    undo: CompensationState | None, why: str
+) -> None:
+    """R12: an effect that landed after its run escalated has an undo that never ran; the
+    person reading the card must not be told it failed."""
+    run = picture(
+        [step(1, "issue_credit", ToolClass.COMPENSATABLE_WRITE, result={"credit": "cr_1"})],
+        compensations=[] if undo is None else [compensation(1, "reverse_credit", undo)],
+    )
+
+    assert [live["why"] for live in not_undone(run)] == [why]
+
+
 def test_not_undone_lists_live_effects_with_their_reasons() -> None:
     """Irreversible, convergent and failed-compensation effects are listed, each with why."""
     # Given a run with one step of every kind, one compensation done and one failed
