@@ -17,8 +17,6 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from saga import payload
 from saga.errors import (
     DispatchError,
@@ -34,8 +32,8 @@ from saga.errors import (
 )
 from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
-from saga.records import ActionRecord, EscalationRecord
-from saga.records.rows import escalation_id, generation_of, requeue_action
+from saga.records import EscalationRecord
+from saga.records.rows import action_rows, escalation_id, generation_of
 
 if TYPE_CHECKING:
     from saga.engine import Saga
@@ -78,9 +76,7 @@ def requeue(saga: Saga, run_id: str, corrections: Mapping[int, Mapping[str, Any]
             f"run {run_id} is {outcome.values[0]} and has no failed compensation to requeue"
         )
     owner, count = str(outcome.values[0]), int(outcome.values[1])
-    generation = int(owner.rpartition(":")[2])
-    at = saga.store.now()
-    _record_now(saga, requeue_action(run_id, generation, by, changes, count, at))
+    _record_now(saga, run_id, owner)
     if not saga.start_unwind(run_id, owner):
         raise DispatchError(
             f"run {run_id} is requeued, but the broker did not take its unwind: the reaper "
@@ -223,14 +219,19 @@ def _corrected(
 # -- recording -----------------------------------------------------------------------------
 
 
-def _record_now(saga: Saga, action: ActionRecord) -> None:
-    """The action is in the run's keys already; SQL has it now, or with the run's record."""
+def _record_now(saga: Saga, run_id: str, owner: str) -> None:
+    """The requeue (``owner``) is in the run's keys already, as its script wrote it: SQL has it
+    now, or with the run's record."""
+    acted_on = escalation_id(run_id, int(owner.rpartition(":")[2]) - 1)
     try:
+        [action] = [
+            a
+            for a in action_rows(saga.picture(run_id))
+            if a.kind == "requeue" and a.escalation_id == acted_on
+        ]
         saga.records.record_action(action)
-    except SQLAlchemyError as exc:
-        logger.error(
-            "run %s: requeue not recorded yet (%s); it will be with the run", action.run_id, exc
-        )
+    except Exception as exc:  # best effort: the unwind must still be sent
+        logger.error("run %s: %s not recorded yet (%s); it comes with the run", run_id, owner, exc)
 
 
 def _record(saga: Saga, run_id: str) -> None:

@@ -37,7 +37,7 @@ from saga.errors import (
     StoreUnavailableError,
     ToolRejected,
 )
-from saga.guard import configuration_problems
+from saga.guard import configuration_problems, records_schema_problems
 from saga.model import StepContext, ToolClass
 from saga.reaper import mark_in_doubt, reconcile
 from saga.retry import RetryPolicy
@@ -84,6 +84,7 @@ def install(app: Celery, saga: Saga) -> None:
     def refuse_unsafe_configuration(sender: Any = None, **_: Any) -> None:
         try:
             problems = configuration_problems(app.conf, _delays(saga), [saga.store.client])
+            problems += records_schema_problems(saga.settings)
         except Exception as exc:  # a guard that cannot look must not wave the worker through
             problems = [f"the configuration could not be checked: {exc!r}"]
         if faults_enabled():

@@ -20,8 +20,11 @@ from sqlalchemy import create_engine, inspect, select, text
 from sqlalchemy.exc import OperationalError
 
 from saga.errors import DatabaseSchemaError
+from saga.guard import records_schema_problems
 from saga.records import RecordStore, RunRecord, migrations
 from saga.records.models import Base
+from saga.settings import Settings
+from saga.testing import free_port
 from tests.conftest import service_missing
 from tests.integration.test_records import POSTGRES_URL
 
@@ -178,3 +181,18 @@ def test_a_store_that_may_not_upgrade_refuses_a_database_behind(database_url: st
     store = RecordStore(database_url, upgrade=False)
     assert store.runs() == []
     store.dispose()
+
+
+def test_the_worker_guard_upgrades_or_refuses_a_schema_behind(tmp_path: Path) -> None:
+    """At start-up the worker brings the schema to head, or (auto-upgrade off) refuses one
+    behind; a database that does not answer is no reason to refuse."""
+    url = f"sqlite:///{tmp_path / 'records.db'}"
+    [problem] = records_schema_problems(Settings(database_url=url, database_auto_upgrade=False))
+    assert "saga db upgrade" in problem
+
+    assert records_schema_problems(Settings(database_url=url)) == []
+    assert migrations.status(url)[0] == migrations.head()
+    assert records_schema_problems(Settings(database_url=url, database_auto_upgrade=False)) == []
+
+    away = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test?connect_timeout=2"
+    assert records_schema_problems(Settings(database_url=away)) == []
