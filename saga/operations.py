@@ -109,6 +109,8 @@ def resolve(saga: Saga, escalation: str, *, note: str, by: str) -> EscalationRec
         {"by": by, "note": note, "escalation_id": escalation}, ensure_ascii=False
     )
     outcome = saga.store.resolve(row.run_id, generation, resolution)
+    if outcome.status == "unknown" and _rebuilt_if_expired(saga, row.run_id) is not None:
+        outcome = saga.store.resolve(row.run_id, generation, resolution)  # expired meanwhile
     if outcome.status == "resolved" and payload.loads(outcome.values[0]) != json.loads(resolution):
         raise EscalationResolvedError(f"escalation {escalation} was resolved: {_said(outcome)}")
     if outcome.status == "state" and outcome.values[0] == RunState.UNWINDING.value:

@@ -4,11 +4,13 @@ Redis holds the live state; this is where a person (or a dashboard) finds what h
 the Redis keys have expired, and what a requeue rebuilds a run from then. SQLite by default,
 PostgreSQL in production; writes are upserts, so a redelivered conclusion writes the same
 record again instead of a second one. A run is written once per ending, in one transaction
-(a fixed number of statements, whatever its number of steps), never once per step.
+(a fixed number of statements, each run once or, for the steps, as one batch), never once
+per step.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -270,36 +272,44 @@ class RecordStore:
     # -- upserts ---------------------------------------------------------------------------
 
     def _upsert(self, connection: Connection, records: Sequence[Base]) -> None:
-        """Insert or replace by primary key, in one statement where the database has one
-        (a redelivered conclusion writes the same rows again, never second ones)."""
+        """Insert or replace by primary key, in one statement where the database has one (a
+        redelivered conclusion writes the same rows again, never second ones). The statement
+        is built once per table and the rows are its parameters, so SQLAlchemy compiles it
+        once rather than on every record."""
         if not records:
             return
         table = cast(Table, records[0].__table__)
         rows = [{c.name: getattr(r, c.name) for c in table.columns} for r in records]
-        keys = [column.name for column in table.primary_key]
-        dialect = self.engine.dialect.name
-        if dialect not in _UPSERTS:
-            # Elsewhere: update, and insert if nothing was there (inside the caller's
-            # transaction; a racing insert fails the transaction, and its caller retries).
-            for values in rows:
-                where = [table.c[k] == values[k] for k in keys]
-                changed = connection.execute(table.update().where(*where).values(**values))
-                if changed.rowcount == 0:
-                    connection.execute(table.insert().values(**values))
+        statement = _upsert_statement(self.engine.dialect.name, table)
+        if statement is not None:
+            connection.execute(statement, rows)
             return
-        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-            statement = _UPSERTS[dialect](table).values(rows[start : start + _ROWS_PER_STATEMENT])
-            statement = statement.on_conflict_do_update(
-                index_elements=keys,
-                set_={name: statement.excluded[name] for name in rows[0] if name not in keys},
-            )
-            connection.execute(statement)
+        # Elsewhere: update, and insert if nothing was there (inside the caller's transaction;
+        # a racing insert fails the transaction, and its caller retries).
+        keys = [column.name for column in table.primary_key]
+        for values in rows:
+            where = [table.c[k] == values[k] for k in keys]
+            changed = connection.execute(table.update().where(*where).values(**values))
+            if changed.rowcount == 0:
+                connection.execute(table.insert().values(**values))
+
+
+@functools.cache
+def _upsert_statement(dialect: str, table: Table) -> Any:
+    """``INSERT ... ON CONFLICT (primary key) DO UPDATE`` every other column, for the
+    databases that have it (None elsewhere)."""
+    if dialect not in _UPSERTS:
+        return None
+    keys = [column.name for column in table.primary_key]
+    statement = _UPSERTS[dialect](table)
+    return statement.on_conflict_do_update(
+        index_elements=keys,
+        set_={c.name: statement.excluded[c.name] for c in table.columns if c.name not in keys},
+    )
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
 
 
-#: Rows per multi-row upsert: well under SQLite's limit of bound parameters per statement.
-_ROWS_PER_STATEMENT = 500
 _UPSERTS: dict[str, Any] = {"sqlite": sqlite_insert, "postgresql": postgresql_insert}
