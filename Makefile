@@ -37,11 +37,12 @@ bench: $(INSTALLED)
 chaos: $(INSTALLED)
 	$(BIN)/python -m tests.reliability.chaos --runs $(or $(RUNS),200) --seed $(SEED)
 
-# The model check of the engine's state machines, long profile (it starts its own
-# redis-server): make modelcheck EXAMPLES=N SEED=S (default 20000, 1).
+# The model check of the engine's state machines, long profile (each job starts its own
+# redis-server): make modelcheck EXAMPLES=N SEED=S JOBS=J (default 20000, 1, 2: one per core).
 EXAMPLES ?= 20000
+JOBS ?= 2
 modelcheck: $(INSTALLED)
-	$(BIN)/python -m tests.reliability.modelcheck --examples $(EXAMPLES) --seed $(SEED)
+	$(BIN)/python -m tests.reliability.modelcheck --examples $(EXAMPLES) --seed $(SEED) --jobs $(JOBS)
 
 worker: $(INSTALLED)
 	$(BIN)/celery -A tasks.app worker -Q celery -E --loglevel INFO
@@ -53,8 +54,10 @@ turns: $(INSTALLED)
 beat: $(INSTALLED)
 	$(BIN)/celery -A tasks.app beat --loglevel INFO
 
+# Read-only Flower behind SAGA_FLOWER_BASIC_AUTH=user:password (or, on a development machine,
+# SAGA_FLOWER_INSECURE_LOCAL=1: no password, 127.0.0.1 only). docs/deployment.md.
 flower: $(INSTALLED)
-	$(BIN)/celery -A tasks.app flower
+	$(BIN)/python -m saga.integrations.flower -A tasks.app --port=5555
 
 clean:
 	rm -rf $(VENV) .demo-data .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -11,6 +11,9 @@ KEY_PREFIX = "saga"
 
 #: Sorted set of runs not yet ended, for the reaper (the one key outside any run's hash tag).
 ACTIVE_RUNS_KEY = f"{KEY_PREFIX}:active"
+#: When the beat-scheduled reaper last finished a pass (Redis clock): ``saga doctor`` reads it
+#: to tell that beat and a worker are alive.
+REAPER_PASS_KEY = f"{KEY_PREFIX}:reaper:last-pass"
 #: Fault-injection rules and their counters (saga.testing), read only when explicitly enabled.
 FAULTS_KEY = f"{KEY_PREFIX}:{{testing}}:faults"
 FAULT_COUNTS_KEY = f"{KEY_PREFIX}:{{testing}}:fault-counts"
@@ -25,6 +28,8 @@ REAP_TASK = "saga.reap"
 AGENT_TURN_TASK = "saga.agent_turn"
 #: Start the unwind a web app's ``abort_run`` came to own (the client holds no tool code).
 START_UNWIND_TASK = "saga.start_unwind"
+#: Deliver one escalation's notice to one sink (``saga.notifications``), retried with backoff.
+NOTIFY_TASK = "saga.notify"
 #: The queue turns run on: a threads pool, so a model call never holds a prefork slot.
 TURN_QUEUE = "saga.turns"
 
@@ -97,3 +102,8 @@ def step_idempotency_key(run_id: str, step: int) -> str:
 
 def compensation_idempotency_key(run_id: str, step: int) -> str:
     return f"{run_id}:{step}:undo"
+
+
+def notice_task_id(escalation_id: str, sink: str) -> str:
+    """The Celery task id of a notice: the same on every send, so Flower shows one task."""
+    return f"{escalation_id}:notify:{sink}"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, chain
 from sqlalchemy.exc import SQLAlchemyError
 
-from saga import payload, rules
+from saga import metrics, payload, rules
 from saga.constants import (
     CONCLUDE_UNWIND_TASK,
     compensation_idempotency_key,
@@ -36,6 +36,7 @@ from saga.errors import (
 )
 from saga.hooks import RunListener, SagaHooks
 from saga.model import CompensationState, RunState, StepState, ToolClass
+from saga.notifications.notifier import Notifier
 from saga.picture import RunPicture
 from saga.records import EscalationRecord, RecordStore
 from saga.settings import Settings
@@ -93,6 +94,8 @@ class Saga:
         #: always one: any worker with the tools moves a hosted run on, agents declared or not.
         self.listeners: list[RunListener] = [HostedLoop(self)]
         self._agents: AgentRegistry | None = None
+        #: Escalation notices to the sinks of ``settings.notifications``.
+        self.notifier = Notifier(self)
         install(app, self)
 
     @property
@@ -172,6 +175,7 @@ class Saga:
         allow = check_flag("allow_reversible_after_pivot", allow_reversible_after_pivot)
         if not self.store.create(run_id, deadline, allow):
             raise RunExistsError(f"run {run_id} already exists")
+        metrics.run_started()
         return Run(self, run_id)
 
     def run(self, run_id: str) -> Run:
@@ -347,10 +351,10 @@ class Saga:
                     task_id=f"{run_id}:{step}:undo:{unwind}",
                 )
             )
+        # ``sent_at`` (Redis clock) times the unwind, for the metrics.
+        conclusion = {"run_id": run_id, "owner": owner, "sent_at": self.store.now()}
         signatures.append(
-            self.app.signature(
-                CONCLUDE_UNWIND_TASK, kwargs={"run_id": run_id, "owner": owner}, immutable=True
-            )
+            self.app.signature(CONCLUDE_UNWIND_TASK, kwargs=conclusion, immutable=True)
         )
         try:
             chain(*signatures).apply_async()
@@ -362,6 +366,7 @@ class Saga:
             )
             return False
         self.store.mark_sent(run_id, owner)
+        metrics.stack_depth(len(picture.stack))
         logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
         return True
 
@@ -376,12 +381,13 @@ class Saga:
             return f"compensation tool {entry['tool']!r} is not registered in this deploy"
         return ""
 
-    def conclude(self, run_id: str, owner: str = "") -> RunState:
+    def conclude(self, run_id: str, owner: str = "", sent_at: float | None = None) -> RunState:
         """End an unwinding run: compensated, or escalated with the whole picture.
 
         ``owner`` is the unwind whose chain concludes: a chain the reaper has since replaced
         (its owner died, then its messages came back late) must not end the run early. An
-        undo pushed after the chain was sent (an effect that landed late) is sent first."""
+        undo pushed after the chain was sent (an effect that landed late) is sent first.
+        ``sent_at``: when the chain was sent (Redis clock), to time the unwind."""
         picture = self.picture(run_id)
         if picture.state.ended:
             self._record_if_pending(run_id)
@@ -398,6 +404,8 @@ class Saga:
             logger.info("run %s: a stale unwind (%s) does not conclude", run_id, owner)
         if outcome.status != "ok":
             return self.picture(run_id).state
+        if sent_at is not None:
+            metrics.unwind_ended(state.value, self.store.now() - sent_at)
         self._record_or_leave_to_reaper(run_id)
         return state
 
@@ -409,14 +417,23 @@ class Saga:
         if not picture.state.ended:
             return
         escalation = self.records.record_outcome(picture)
-        if escalation is not None and not escalation.resolved:
-            logger.error("run %s escalated: %s", run_id, picture.reason)
-            self._call_hook(self.hooks.on_escalation, escalation)
+        if escalation is not None and not escalation.resolved:  # resolved: nobody to tell
+            self.escalated(escalation)
         self._call_hook(self.hooks.on_run_ended, picture, picture.state.value, picture.reason)
         if self.store.mark_recorded(run_id, picture.version):
+            metrics.run_ended(picture.state.value)
             # Look again when the keys have expired, to drop the run from the index.
             expiry = self.store.now() + self.store.retention_seconds + _EXPIRY_MARGIN
             self.store.schedule(run_id, expiry)
+
+    def escalated(self, escalation: EscalationRecord) -> None:
+        """A person must take over: the ERROR log and the notices (``saga.notifications``),
+        then the hook. Called before the run counts as recorded: a crash in here leaves it
+        unrecorded, so it is recorded again and the notices are written then."""
+        if self.faults is not None:
+            self.faults.strike("after_escalation_recorded", "")
+        self.notifier.escalated(escalation)
+        self._call_hook(self.hooks.on_escalation, escalation)
 
     def _record_if_pending(self, run_id: str) -> None:
         picture = self.store.picture(run_id)

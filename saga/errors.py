@@ -225,3 +225,13 @@ class ApprovalError(SagaError):
 
 class ConversationError(SagaError):
     """Tool results do not answer the model's pending calls, so no model would accept the turn."""
+
+
+class NotificationError(SagaError):
+    """A notification sink did not take an escalation's notice (retried, then recorded)."""
+
+    retryable = True
+
+
+class SignatureError(SagaError):
+    """A webhook's ``Saga-Signature`` is missing, malformed, too old or does not match."""

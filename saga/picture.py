@@ -74,6 +74,9 @@ class CompensationRecord:
     history: list[dict[str, Any]] = field(default_factory=list)
     #: Until when its current execution may still be running (Redis clock).
     lease: float | None = None
+    #: The error of each failed attempt, oldest first, across requeues (the last 20):
+    #: ``{"error": {"type", "message", "attempt"}, "at": "<Redis clock>"}``.
+    errors: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,7 @@ def hashes_of(
             "at": _time(c.settled_at),
             "task_id": c.task_id,
             "lease": _time(c.lease),
+            "errors": _json(c.errors) if c.errors else "",
         }
         comps.update({f"{n}:{k}": v for k, v in optional.items() if v})
     # A stack entry is the very string its compensation holds: the done script removes it by
@@ -320,6 +324,7 @@ def _compensations_from(fields: dict[str, str]) -> list[CompensationRecord]:
             round_start=int(fields.get(f"{n}:round_start") or 0),
             history=payload.loads(fields.get(f"{n}:history") or "[]"),
             lease=_number(fields, f"{n}:lease"),
+            errors=payload.loads(fields.get(f"{n}:errors") or "[]"),
         )
         for n in numbers
     ]

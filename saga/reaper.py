@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
+from saga import metrics
 from saga.constants import step_idempotency_key
 from saga.errors import RunEndedError, StoreUnavailableError, UnknownToolError
 from saga.model import RunState, StepState, ToolClass
@@ -52,6 +53,8 @@ class ReapReport:
     in_doubt: list[tuple[str, int, str]] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
     recorded: list[str] = field(default_factory=list)
+    #: Escalation notices sent by the sweep (their message lost or refused, or never written).
+    notices: list[str] = field(default_factory=list)
     #: Runs it could not handle: (run id, what went wrong). Each is escalated.
     broken: list[tuple[str, str]] = field(default_factory=list)
 
@@ -100,6 +103,7 @@ def reconcile(saga: Saga, run_id: str, step: int) -> str:
         run_id, step, word, result_json, entry_json, irreversible, doubt
     )
     logger.warning("run %s: step %d (%s) was in doubt: %s", run_id, step, record.tool, verdict)
+    metrics.step(record.tool, "in_doubt")
     if outcome.owns_unwind:
         saga.start_unwind(run_id, f"step:{step}")
     saga.step_settled(run_id, step)
@@ -116,6 +120,10 @@ def reap(saga: Saga, now: float | None = None) -> ReapReport:
             _reap_one(saga, run_id, due, now, report)
         except Exception as exc:
             _broken(saga, run_id, exc, now, report)
+    try:
+        report.notices = saga.notifier.sweep(now)
+    except Exception:  # the records database is away: the next pass sweeps
+        logger.exception("reaper: could not sweep the escalation notices")
     return report
 
 
@@ -192,6 +200,9 @@ def _broken(saga: Saga, run_id: str, exc: Exception, now: float, report: ReapRep
     try:
         saga.store.schedule(run_id, now + _RETRY_BROKEN)
         saga.records.record_unreadable(run_id, message)
+        for escalation in saga.records.escalations(run_id, open_only=True):
+            if escalation.escalation_id == f"{run_id}:reaper":  # record_unreadable's row
+                saga.notifier.escalated(escalation)
     except Exception:
         logger.exception("run %s: could not escalate the reaper's failure either", run_id)
 

@@ -6,6 +6,7 @@ No broker, no Redis: these are the rules the seed states, testable on their own.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,20 @@ def check_call(view: RunView, tool: str, tool_class: ToolClass) -> None:
                 f"{where}, irreversible): reversible work must come before the pivot",
                 pivot_in_flight,
             )
+
+
+def beside_writes(tool: str, tool_class: ToolClass, others: Iterable[tuple[str, ToolClass]]) -> str:
+    """Why a class 5 call asked for in the same answer as class 2-4 calls is not run ('' if it
+    may be). The dispatcher would take it if it came first, and the mail would go out before
+    the writes it speaks of; the model can ask again once they have succeeded."""
+    writes = [name for name, klass in others if klass in _BEFORE_PIVOT]
+    if tool_class is not ToolClass.IRREVERSIBLE_WRITE or not writes:
+        return ""
+    return (
+        f"{tool} is irreversible (class 5) and was asked for in the same answer as "
+        f"{', '.join(writes)}; it is not run until those have settled: ask for it again "
+        "in your next turn if they succeed"
+    )
 
 
 def unwind_order(stack: list[dict[str, Any]]) -> list[dict[str, Any]]:

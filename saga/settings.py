@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Self
 
+from saga.notifications.settings import NotifySettings
+
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_DATABASE_URL = "sqlite:///saga.db"
 
@@ -62,6 +64,8 @@ class Settings:
     database_auto_upgrade: bool = True
     #: Extra Redis client options (e.g. TLS certificates).
     redis_options: dict[str, object] = field(default_factory=dict)
+    #: Who is told of escalations besides the ERROR log (``SAGA_NOTIFY_*``).
+    notifications: NotifySettings = field(default_factory=NotifySettings)
 
     @classmethod
     def from_env(cls) -> Self:
@@ -94,4 +98,5 @@ class Settings:
             max_redeliveries=_env_int("SAGA_MAX_REDELIVERIES", cls.max_redeliveries),
             database_auto_upgrade=_env_flag("SAGA_DB_AUTO_UPGRADE", cls.database_auto_upgrade),
             redis_options=redis_options,
+            notifications=NotifySettings.from_env(),
         )

@@ -21,7 +21,14 @@ import redis
 from redis.commands.core import Script
 
 from saga import payload
-from saga.constants import ACTIVE_RUNS_KEY, agent_key, run_keys, script_keys, settled_key
+from saga.constants import (
+    ACTIVE_RUNS_KEY,
+    REAPER_PASS_KEY,
+    agent_key,
+    run_keys,
+    script_keys,
+    settled_key,
+)
 from saga.errors import ConfigurationError, StoreUnavailableError
 from saga.machine import lua_tables
 from saga.model import RunState, ToolClass
@@ -205,6 +212,17 @@ class RunStore:
         """Every run the reaper keeps an eye on (running, unwinding, or kept for retention)."""
         with _reachable("active_runs"):
             return cast(list[str], self.client.zrange(ACTIVE_RUNS_KEY, 0, -1))
+
+    def note_reaper_pass(self) -> None:
+        """The scheduled reaper finished a pass: what tells an operator beat is alive."""
+        with _reachable("note_reaper_pass"):
+            self.client.set(REAPER_PASS_KEY, f"{self.now():.6f}")
+
+    def last_reaper_pass(self) -> float | None:
+        """When the scheduled reaper last finished a pass (Redis clock); None if never."""
+        with _reachable("last_reaper_pass"):
+            value = self.client.get(REAPER_PASS_KEY)
+        return float(value) if value else None
 
     def forget(self, run_id: str) -> None:
         """Drop a run whose keys are gone from the reaper's index."""

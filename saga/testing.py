@@ -196,7 +196,8 @@ class WorkerProcess:
 
 #: Where a fault can strike in a worker: around a tool's effect or a compensation, and in a
 #: hosted turn (``tool`` is then the agent's name after the answer is recorded, and the
-#: called tool's name after each call is dispatched).
+#: called tool's name after each call is dispatched), and once an escalation's row is written
+#: (``tool`` is then ""), before its notices are.
 FAULT_POINTS = (
     "before_effect",
     "after_effect",
@@ -204,6 +205,7 @@ FAULT_POINTS = (
     "after_compensation",
     "after_model_answer",
     "between_dispatches",
+    "after_escalation_recorded",
 )
 FAULTS_ENV = "SAGA_TESTING_FAULTS"
 

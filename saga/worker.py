@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 import uuid
@@ -19,11 +20,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from celery import Celery, Task
 from celery.canvas import signature
 from celery.exceptions import Ignore
-from celery.signals import celeryd_after_setup, task_revoked
+from celery.signals import celeryd_after_setup, task_revoked, worker_init, worker_shutdown
 
-from saga import payload
+from saga import metrics, payload
 from saga.constants import (
     CONCLUDE_UNWIND_TASK,
+    NOTIFY_TASK,
     REAP_TASK,
     TOOL_TASK_PREFIX,
     step_idempotency_key,
@@ -39,6 +41,7 @@ from saga.errors import (
 )
 from saga.guard import configuration_problems, records_schema_problems
 from saga.model import StepContext, ToolClass
+from saga.notifications import task as notify_task
 from saga.reaper import mark_in_doubt, reconcile
 from saga.retry import RetryPolicy
 from saga.testing import FAULTS_ENV, faults_enabled
@@ -69,10 +72,14 @@ def install(app: Celery, saga: Saga) -> None:
     for tool in saga.registry:
         _install_tool(app, saga, tool)
     install_turn_tasks(app, saga)
+    notify_task.install_notify_task(app, saga)
+    _install_metrics(app, saga)
 
     @app.task(name=REAP_TASK, bind=True, ignore_result=True, shared=False)
     def reap(self: Task) -> dict[str, int]:
         report = saga.reap()
+        # Only the scheduled task marks a pass (not ``saga reap`` by hand): it shows beat runs.
+        saga.store.note_reaper_pass()
         return {
             "examined": report.examined,
             "abandoned": len(report.abandoned),
@@ -83,7 +90,8 @@ def install(app: Celery, saga: Saga) -> None:
 
     def refuse_unsafe_configuration(sender: Any = None, **_: Any) -> None:
         try:
-            problems = configuration_problems(app.conf, _delays(saga), [saga.store.client])
+            problems = guard_problems(saga)
+            # Only here, not in guard_problems: ``saga doctor`` asks that, and must not migrate.
             problems += records_schema_problems(saga.settings)
         except Exception as exc:  # a guard that cannot look must not wave the worker through
             problems = [f"the configuration could not be checked: {exc!r}"]
@@ -106,13 +114,23 @@ def install(app: Celery, saga: Saga) -> None:
     task_revoked.connect(step_revoked, weak=False, dispatch_uid=f"saga-revoked-{id(app)}")
 
     @app.task(name=CONCLUDE_UNWIND_TASK, **{**_TASK_OPTIONS, "max_retries": 20})
-    def conclude_unwind(self: Task, run_id: str, owner: str = "") -> str:
+    def conclude_unwind(
+        self: Task, run_id: str, owner: str = "", sent_at: float | None = None
+    ) -> str:
         try:
-            return saga.conclude(run_id, owner).value
+            return saga.conclude(run_id, owner, sent_at).value
         except Exception as exc:
             # The records database may be down: keep the run unwinding and try again.
             attempt = self.request.retries + 1
             raise self.retry(exc=exc, countdown=_CONCLUDE_RETRY.delay(attempt)) from exc
+
+
+def guard_problems(saga: Saga, check_redis: bool = True) -> list[str]:
+    """What the start-up guard finds wrong with ``saga``'s app (``saga doctor`` asks too,
+    ``check_redis=False`` when it has looked at the stack's Redis itself)."""
+    stores = [saga.store.client] if check_redis else []
+    problems = configuration_problems(saga.app.conf, _delays(saga), stores)
+    return problems + notify_task.configuration_problems(saga, saga.app.conf)
 
 
 #: Arguments already crossed the broker within the dispatcher's limit: no second limit here.
@@ -129,11 +147,63 @@ _BUSY_WAIT = RetryPolicy(attempts=2, backoff=1.0, backoff_max=1.0, jitter=False)
 
 def _delays(saga: Saga) -> dict[str, RetryPolicy]:
     """Every delay a worker may hold a message for, by who asks for it (the guard's input)."""
-    return {
+    delays = {
         **{tool.name: tool.retry for tool in saga.registry},
         CONCLUDE_UNWIND_TASK: _CONCLUDE_RETRY,
         "a delivery waiting for another's lease": _BUSY_WAIT,
     }
+    if saga.settings.notifications.sinks:  # else this worker has no notice to deliver
+        delays[f"{NOTIFY_TASK} (SAGA_NOTIFY_BACKOFF_MAX)"] = notify_task.retry_policy(saga)
+    return delays
+
+
+#: ``celery worker --metrics-port N`` (or ``SAGA_METRICS_PORT``): serve Prometheus metrics.
+METRICS_PORT_OPTION = "--metrics-port"
+
+
+def _install_metrics(app: Celery, saga: Saga) -> None:
+    """The worker option, and the server started in the worker's main process before the
+    pool forks (its children write multiprocess files the server sums)."""
+    import click
+
+    options = app.user_options["worker"]
+    if not any(METRICS_PORT_OPTION in getattr(o, "opts", ()) for o in options):
+        options.add(
+            click.Option(
+                [METRICS_PORT_OPTION],
+                type=int,
+                default=None,
+                envvar="SAGA_METRICS_PORT",
+                help="Serve saga's Prometheus metrics on this port (SAGA_METRICS_ADDR: address).",
+            )
+        )
+    servers: list[metrics.MetricsServer] = []
+
+    def start(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        port = (getattr(sender, "options", None) or {}).get("metrics_port")
+        if port is None:
+            return
+        address = os.environ.get("SAGA_METRICS_ADDR") or "127.0.0.1"
+        servers.append(metrics.MetricsServer(int(port), address, lambda: _open_escalations(saga)))
+
+    def stop(**_: Any) -> None:
+        while servers:
+            servers.pop().close()
+
+    worker_init.connect(start, weak=False, dispatch_uid=f"saga-metrics-{id(app)}")
+    worker_shutdown.connect(stop, weak=False, dispatch_uid=f"saga-metrics-stop-{id(app)}")
+
+
+def _open_escalations(saga: Saga) -> int:
+    from sqlalchemy import func, select
+
+    from saga.records import EscalationRecord
+
+    query = select(func.count()).where(EscalationRecord.resolved.is_(False))
+    with saga.records.engine.connect() as connection:
+        return int(connection.execute(query).scalar_one())
 
 
 def _install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
@@ -271,11 +341,13 @@ def _forward(
     except ToolRejected as exc:  # a business refusal: nothing happened, the model is told
         logger.info("run %s step %d (%s) rejected: %s", run_id, step, tool.name, exc)
         _record_failure(saga, run_id, step, _error(exc, attempt), "reject")
+        metrics.step(tool.name, "rejected")
         return {"rejected": str(exc)}
     except Exception as exc:
         if _retryable(exc) and tool.retry.allows_another(attempt):
             countdown = tool.retry.delay(attempt)
             store.record_retry(run_id, step, _error(exc, attempt), countdown + saga.lease_seconds)
+            metrics.step(tool.name, "retried")
             raise task.retry(exc=exc, countdown=countdown) from exc
         event = "reject" if feed_back else "fail"
         _settle_final_failure(saga, tool, run_id, step, args, _error(exc, attempt), event)
@@ -319,6 +391,7 @@ def _settle_final_failure(
             _settle_success_patiently(saga, tool, run_id, step, args, found)
             return
     _record_failure(saga, run_id, step, error, event)
+    metrics.step(tool.name, "failed" if event == "fail" else "rejected")
 
 
 def _record_failure(saga: Saga, run_id: str, step: int, error: dict[str, Any], event: str) -> None:
@@ -377,6 +450,7 @@ def _settle_success(
     irreversible = tool.tool_class is ToolClass.IRREVERSIBLE_WRITE
     outcome = saga.store.record_success(run_id, step, result_json, entry_json, irreversible)
     if outcome.status in ("ok", "dup", "late"):
+        metrics.step(tool.name, "succeeded")
         mine = int(outcome.values[0]) == 1
         _after_success(saga, run_id, step, mine, int(outcome.values[1]) == 1)
     else:  # never silent: the store logged the refused transition; a person must look
@@ -425,6 +499,7 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
         message = f"started {attempt - 1} times without an outcome (a crash loop?)"
         error = {"type": "AttemptsExceeded", "message": message}
         store.record_compensation(run_id, step, "fail", error, claim=claim)
+        metrics.compensation(tool.name, "failed")
         _continue_chain(task)
         raise StepInDoubtError(f"run {run_id}: compensation of step {step}: {message}")
     ctx = StepContext(run_id, step, entry["idempotency_key"], attempt, compensating=True)
@@ -435,8 +510,10 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
     except Exception as exc:
         if _retryable(exc) and tool.retry.allows_another(attempt):
             store.record_compensation(run_id, step, "retry", _error(exc, attempt), claim=claim)
+            metrics.compensation(tool.name, "retried")
             raise task.retry(exc=exc, countdown=tool.retry.delay(attempt)) from exc
         store.record_compensation(run_id, step, "fail", _error(exc, attempt), claim=claim)
+        metrics.compensation(tool.name, "failed")
         logger.error(
             "run %s: compensation %s of step %d failed for good after %d attempt(s): %s",
             run_id,
@@ -448,6 +525,7 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
         _continue_chain(task)
         raise
     store.record_compensation(run_id, step, "done", claim=claim)
+    metrics.compensation(tool.name, "done")
     return {"compensated": step}
 
 

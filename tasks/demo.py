@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.setdefault("SAGA_DEMO_DATA", str(ROOT / ".demo-data")))
@@ -38,18 +39,28 @@ def agent_calls(run: Any, calls: list[tuple[str, dict[str, Any]]]) -> None:
             return
 
 
+def show_run(saga: Any, picture: Any) -> None:
+    """The run's timeline and, if it escalated, its card: what ``saga show`` and
+    ``saga escalation show`` print, from the same renderer."""
+    from saga.escalations import escalation_package, run_card, run_document, to_rich
+
+    console = Console(highlight=False, width=120)
+    escalations = saga.records.escalations(picture.run_id, open_only=True)
+    for escalation in escalations:  # the card holds the timeline
+        console.print(to_rich(escalation_package(escalation, picture)), crop=False)
+    if not escalations:
+        console.print(run_card(run_document(picture)), crop=False)
+
+
 def scenario(title: str, saga: Any, calls: list[tuple[str, dict[str, Any]]]) -> None:
     from tasks import systems
-    from tasks.timeline import render, render_escalation, render_systems
 
     print(f"\n== {title} ==")
     run = saga.start_run()
     agent_calls(run, calls)
     picture = run.finish(timeout=30) if run.state().value == "running" else run.wait(timeout=60)
     print()
-    print("\n".join(render(picture)))
-    for escalation in saga.records.escalations(run.run_id):
-        print("\n".join(render_escalation(escalation)))
+    show_run(saga, picture)
     print("\n   the three systems now:")
     print("\n".join(render_systems()))
     systems.clear_switches()
@@ -57,8 +68,6 @@ def scenario(title: str, saga: Any, calls: list[tuple[str, dict[str, Any]]]) -> 
 
 def hosted_scenario(saga: Any) -> None:
     """Scenario 3: enqueue a run as a web app would, and print what each turn did."""
-    from tasks.timeline import render, render_systems
-
     print("\n== Scenario 3: a hosted agent replies too early, is told to wait, and recovers ==")
     run_id = saga.enqueue_run("refund", "Order 4921 arrived late. Refund it and tell Ada.")
     picture = saga.run(run_id).wait(timeout=60)
@@ -72,9 +81,33 @@ def hosted_scenario(saga: Any) -> None:
             shown = content.get("error") if result["is_error"] else content
             print(f"      {call['name']} → {where}: {str(shown)[:150]}")
     print()
-    print("\n".join(render(picture)))
+    show_run(saga, picture)
     print("\n   the three systems now:")
     print("\n".join(render_systems()))
+
+
+def render_systems() -> list[str]:
+    """The three systems as they stand: the ledger (a reversal is a new line), the tickets,
+    what was sent."""
+    from tasks import systems
+
+    snapshot = systems.snapshot()
+    lines = ["   billing ledger:"]
+    for entry in snapshot["ledger"]:
+        reverses = (
+            f" (reverses #{entry['reverses_entry_id']})" if entry["reverses_entry_id"] else ""
+        )
+        amount = entry["amount_cents"] / 100
+        lines.append(f"     #{entry['entry_id']} {entry['kind']:<8} {amount:>+12,.2f}{reverses}")
+    if not snapshot["ledger"]:
+        lines.append("     (no entries)")
+    net = sum(e["amount_cents"] for e in snapshot["ledger"]) / 100
+    lines.append(f"     net credited: {net:,.2f}")
+    for ticket in snapshot["tickets"]:
+        lines.append(f"   ticket {ticket['ticket_id']}: {ticket['status']}")
+    outgoing = [f"{m['channel']} to {m['recipient']}" for m in snapshot["outbox"]]
+    lines.append(f"   outbox: {', '.join(outgoing) or '(nothing sent)'}")
+    return lines
 
 
 def main() -> int:
@@ -124,6 +157,8 @@ def main() -> int:
         systems.reset()
         hosted_scenario(saga)
     print(f"\nrecords: {os.environ['SAGA_DATABASE_URL']}  (runs and escalations, SQLAlchemy)")
+    url = os.environ["SAGA_DATABASE_URL"]
+    print(f"look again: SAGA_DATABASE_URL={url} saga runs  (saga show RUN, saga escalations)")
     return 0
 
 

@@ -96,11 +96,7 @@ class Agent:
         return next((t for t in self.tools if t.name == name), None)
 
     def failure_mode(self, tool: Tool) -> OnFailure:
-        """A failed read changed nothing, so the model may as well try something else; a
-        failed write unwinds, because what the run did so far was built on it."""
-        if tool.name in self.on_failure:
-            return self.on_failure[tool.name]
-        return OnFailure.FEED_BACK if tool.tool_class is ToolClass.READ else OnFailure.UNWIND
+        return failure_mode(tool, self.on_failure)
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -140,25 +136,8 @@ class AgentRegistry:
         chosen = offered_tools(self.registry, tools)
         if not chosen:
             raise ToolDefinitionError(f"agent {name} is offered no tools")
-        names = {t.name for t in chosen}
-        overrides: dict[str, OnFailure] = {}
-        for tool, mode in (on_failure or {}).items():
-            if tool not in names:
-                raise ToolDefinitionError(
-                    f"on_failure of agent {name} names {tool!r}, which it may not call"
-                )
-            try:
-                overrides[tool] = OnFailure(mode)
-            except ValueError:
-                known = ", ".join(m.value for m in OnFailure)
-                raise ToolDefinitionError(f"on_failure {mode!r}: use one of {known}") from None
-        classes = {t.name: t.tool_class for t in chosen}
-        for tool in approval:
-            if classes.get(tool) is not ToolClass.IRREVERSIBLE_WRITE:
-                raise ToolDefinitionError(
-                    f"approval of agent {name} names {tool!r}: only the irreversible (class 5) "
-                    "tools it may call can wait for a person"
-                )
+        overrides = check_on_failure(f"agent {name}", on_failure, chosen)
+        approved = check_approval(f"agent {name}", approval, chosen)
         if deadline is not None and deadline < 1:
             raise ToolDefinitionError(f"the deadline of agent {name} must be at least 1 s")
         agent = Agent(
@@ -169,7 +148,7 @@ class AgentRegistry:
             on_failure=overrides,
             model_retry=model_retry or DEFAULT_MODEL_RETRY,
             deadline=deadline,
-            approval=frozenset(approval),
+            approval=approved,
         )
         self._agents[name] = agent
         return agent
@@ -186,3 +165,43 @@ class AgentRegistry:
 
     def __len__(self) -> int:
         return len(self._agents)
+
+
+def failure_mode(tool: Tool, overrides: Mapping[str, OnFailure]) -> OnFailure:
+    """A failed read changed nothing, so the model may as well try something else; a failed
+    write unwinds, because what the run did so far was built on it. ``overrides`` win."""
+    if tool.name in overrides:
+        return overrides[tool.name]
+    return OnFailure.FEED_BACK if tool.tool_class is ToolClass.READ else OnFailure.UNWIND
+
+
+def check_on_failure(
+    owner: str, on_failure: Mapping[str, OnFailure | str] | None, tools: Iterable[Tool]
+) -> dict[str, OnFailure]:
+    """``on_failure`` may only name ``tools`` (what ``owner`` may call), each with a known mode."""
+    names = {t.name for t in tools}
+    overrides: dict[str, OnFailure] = {}
+    for tool, mode in (on_failure or {}).items():
+        if tool not in names:
+            raise ToolDefinitionError(
+                f"on_failure of {owner} names {tool!r}, which it may not call"
+            )
+        try:
+            overrides[tool] = OnFailure(mode)
+        except ValueError:
+            known = ", ".join(m.value for m in OnFailure)
+            raise ToolDefinitionError(f"on_failure {mode!r}: use one of {known}") from None
+    return overrides
+
+
+def check_approval(owner: str, approval: Iterable[str], tools: Iterable[Tool]) -> frozenset[str]:
+    """Only the irreversible (class 5) tools among ``tools`` can wait for a person."""
+    classes = {t.name: t.tool_class for t in tools}
+    chosen = frozenset(approval)
+    for tool in sorted(chosen):
+        if classes.get(tool) is not ToolClass.IRREVERSIBLE_WRITE:
+            raise ToolDefinitionError(
+                f"approval of {owner} names {tool!r}: only the irreversible (class 5) "
+                "tools it may call can wait for a person"
+            )
+    return chosen

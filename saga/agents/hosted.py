@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from saga import rules
 from saga.agents.agent import Agent, OnFailure, OnLimit
 from saga.agents.launch import send_turn
 from saga.agents.messages import ModelTurn, ToolCall
@@ -61,7 +62,6 @@ LONGEST_MODEL_WAIT = 300.0
 MAX_REVIVALS = 3
 #: A turn whose model is being asked by another delivery comes back after this long.
 _LEASE_WAIT = 2.0
-_PRE_PIVOT = (ToolClass.CONVERGENT_WRITE, ToolClass.REVERSIBLE_WRITE, ToolClass.COMPENSATABLE_WRITE)
 
 
 def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> float | None:
@@ -188,11 +188,10 @@ def _dispatch_calls(
     """Dispatch (or refuse) each call in the model's order; False if the run stopped taking
     calls meanwhile (it is failing: the unwind needs no more turns)."""
     run_id = picture.run_id
-    writes = [i for i, c in enumerate(answer.calls) if _class_of(agent, c) in _PRE_PIVOT]
     for i, call in enumerate(answer.calls):
         if (turn, i) in state.refused:
             continue
-        refusal = _refusal(agent, call, i, writes, answer)
+        refusal = _refusal(agent, call, i, answer)
         if refusal:
             turns.record_refusal(run_id, turn, i, refusal)
             continue
@@ -255,20 +254,15 @@ def _class_of(agent: Agent, call: ToolCall) -> ToolClass | None:
     return None if tool is None or call.error else tool.tool_class
 
 
-def _refusal(agent: Agent, call: ToolCall, i: int, writes: list[int], answer: ModelTurn) -> str:
+def _refusal(agent: Agent, call: ToolCall, i: int, answer: ModelTurn) -> str:
     """Why call ``i`` is not dispatched at all ('' if it is): the model can act on each."""
     if call.error:
         return call.error
-    if agent.tool(call.name) is None:
+    klass = _class_of(agent, call)
+    if klass is None:
         return f"unknown tool {call.name!r}; you may call: {', '.join(agent.tool_names)}"
-    others = [answer.calls[j].name for j in writes if j != i]
-    if _class_of(agent, call) is ToolClass.IRREVERSIBLE_WRITE and others:
-        return (
-            f"{call.name} is irreversible (class 5) and was asked for in the same answer as "
-            f"{', '.join(others)}; it is not run until those have settled: ask for it again "
-            "in your next turn if they succeed"
-        )
-    return ""
+    others = [(c.name, _class_of(agent, c)) for j, c in enumerate(answer.calls) if j != i]
+    return rules.beside_writes(call.name, klass, [(n, k) for n, k in others if k is not None])
 
 
 def advance_if_settled(saga: Saga, run_id: str, turn: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from saga import metrics
 from saga.constants import AGENT_TURN_TASK, TURN_QUEUE, agent_key, turn_task_id
 from saga.errors import PayloadError, RunExistsError
 from saga.stack import RunStore
@@ -33,7 +34,9 @@ def enqueue_run(
         raise PayloadError(f"the input is over the limit of {max_input_bytes} bytes")
     run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
     deadline = check_deadline(deadline)
-    if not store.create(run_id, deadline, agent=agent, input_json=input):
+    if store.create(run_id, deadline, agent=agent, input_json=input):
+        metrics.run_started()
+    else:
         existing = store.client.hget(agent_key(run_id), "name")
         if existing != agent:
             owner = f"agent {existing!r}" if existing else "run.call"

@@ -2,7 +2,21 @@
 -- The stack entry goes only once its compensation is confirmed done. 'done' is the truth and
 -- is taken from whoever ran it; 'fail' and 'retry' only from the execution holding the claim;
 -- 'revoke' only for the current owner's unwind (a stale revoke changes nothing).
+-- Every error recorded is also appended to '<n>:errors' (the last ERRORS_KEPT, across requeues),
+-- so the escalation shows each attempt's error, not only the last one's.
+local ERRORS_KEPT = 20
 local n, outcome = ARGV[1], ARGV[2]
+
+local function keep_error(error_json)
+  if error_json == '' then return end
+  local errors = cjson.decode(redis.call('HGET', COMPS, n .. ':errors') or '[]')
+  -- (Kept as text if Lua's decoder refuses it: recording the outcome must never fail on it.)
+  local ok, decoded = pcall(cjson.decode, error_json)
+  table.insert(errors, {error = ok and decoded or error_json, at = NOW_S})
+  while #errors > ERRORS_KEPT do table.remove(errors, 1) end
+  redis.call('HSET', COMPS, n .. ':errors', cjson.encode(errors))
+end
+
 local cs = redis.call('HGET', COMPS, n .. ':state')
 if not cs then return {'unknown'} end
 if cs == 'done' then return {'dup'} end
@@ -25,8 +39,10 @@ elseif to == 'failed' and outcome == 'revoke' and cs == 'running' then
 elseif to == 'failed' then
   redis.call('HSET', COMPS, n .. ':state', to, n .. ':error', ARGV[3], n .. ':at', NOW_S,
     n .. ':claim', '')
+  keep_error(ARGV[3])
 else
   redis.call('HSET', COMPS, n .. ':state', to, n .. ':error', ARGV[3], n .. ':claim', '')
+  keep_error(ARGV[3])
 end
 bump()
 return {'ok'}

@@ -92,8 +92,9 @@ class RunStepRecord(Base):
 
 class RunCompensationRecord(Base):
     """One undo of a run and its attempts: every attempt ever made (``attempts``), where the
-    current round's budget starts (``round_start``), and each earlier round as it was given up
-    on (``history``: ``{"attempts", "error", "at"}``)."""
+    current round's budget starts (``round_start``), each earlier round as it was given up on
+    (``history``: ``{"attempts", "error", "at"}``) and each failed attempt's error
+    (``errors``)."""
 
     __tablename__ = "saga_compensations"
 
@@ -111,6 +112,8 @@ class RunCompensationRecord(Base):
     #: The Celery task that last ran it (what Flower shows).
     task_id: Mapped[str] = mapped_column(String(NAME_LENGTH + RUN_ID_MAX_LENGTH), default="")
     history: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    #: Each failed attempt's ``{"error", "at"}``, oldest first, across requeues (the last 20).
+    errors: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     #: Its place on the stack, oldest first; None once it is done (off the stack).
     stack_position: Mapped[int | None] = mapped_column(Integer, nullable=True)
 

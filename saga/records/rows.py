@@ -111,6 +111,7 @@ def compensation_rows(picture: RunPicture) -> list[RunCompensationRecord]:
             settled_at=when(c.settled_at),
             task_id=c.task_id,
             history=c.history,
+            errors=c.errors,
             stack_position=positions.get(c.step),
         )
         for c in picture.compensations
@@ -138,6 +139,7 @@ def escalation_row(picture: RunPicture, reason: str) -> EscalationRecord:
             "error": c.error,
             "state": c.state.value,
             "history": c.history,
+            "errors": c.errors,
         }
         for c in picture.compensations
         if c.state is CompensationState.FAILED
@@ -265,6 +267,7 @@ def picture_of(
                 task_id=c.task_id,
                 round_start=c.round_start,
                 history=c.history,
+                errors=c.errors,
             )
             for c in sorted(compensations, key=lambda c: c.step)
         ],

@@ -196,3 +196,28 @@ def test_the_worker_guard_upgrades_or_refuses_a_schema_behind(tmp_path: Path) ->
 
     away = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test?connect_timeout=2"
     assert records_schema_problems(Settings(database_url=away)) == []
+
+
+def test_saga_db_upgrade_and_status(database_url: str) -> None:
+    """The one-shot step a deployment runs: status says behind (exit 1), upgrade brings the
+    database to head, status then says so (exit 0), and doctor's check agrees."""
+    from click.testing import CliRunner
+
+    from saga.cli.doctor import _migrations
+    from saga.cli.main import cli
+
+    env = {"SAGA_DATABASE_URL": database_url}
+    behind = CliRunner().invoke(cli, ["db", "status", "--json"], env=env)
+    assert behind.exit_code == 1, behind.output
+    assert '"current": null' in behind.output
+    assert _migrations(database_url).status == "fail"
+
+    upgraded = CliRunner().invoke(cli, ["db", "upgrade"], env=env)
+    assert upgraded.exit_code == 0, upgraded.output
+    assert f"empty -> {migrations.head()}" in upgraded.output
+    again = CliRunner().invoke(cli, ["db", "upgrade"], env=env)
+    assert f"already at {migrations.head()}" in again.output
+
+    current = CliRunner().invoke(cli, ["db", "status"], env=env)
+    assert current.exit_code == 0, current.output
+    assert _migrations(database_url).status == "ok"

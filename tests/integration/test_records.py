@@ -338,6 +338,7 @@ def test_escalation_holds_the_whole_picture(records: RecordStore) -> None:
                 "error": {"type": "HTTPError", "message": "billing 503"},
                 "state": "failed",
                 "history": [],
+                "errors": [],
             }
         ]
         assert record.not_undone == [

@@ -599,6 +599,40 @@ def test_completed_needs_a_running_run_and_the_others_an_unwinding_one(
 # -- requeue -------------------------------------------------------------------------------
 
 
+def test_every_failed_attempt_of_a_compensation_keeps_its_error(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """Retries and the final failure each leave their error, across a requeue, for the card."""
+    # Given an undo that fails twice (a retry, then for good), is requeued and fails again
+    run_id = new_run()
+    three_writes_and_abort(store, run_id)
+    begin_comp(store, run_id, 3)
+    record_comp(store, run_id, 3, "retrying", {"message": "first", "attempt": 1})
+    begin_comp(store, run_id, 3)
+    record_comp(store, run_id, 3, "failed", {"message": "second", "attempt": 2})
+    for step in (2, 1):
+        begin_comp(store, run_id, step)
+        record_comp(store, run_id, step, "done")
+    assert conclude(store, run_id, RunState.ESCALATED, "compensation failed").status == "ok"
+    assert store.requeue(run_id).status == "ok"
+    begin_comp(store, run_id, 3)
+    record_comp(store, run_id, 3, "failed", {"message": "third \u00e9", "attempt": 3})
+
+    # When the run is read back
+    picture = store.picture(run_id)
+    assert picture is not None
+
+    # Then the undo lists each error in order, with when it was recorded; the others none
+    [undo] = [c for c in picture.compensations if c.step == 3]
+    assert [e["error"] for e in undo.errors] == [
+        {"message": "first", "attempt": 1},
+        {"message": "second", "attempt": 2},
+        {"message": "third \u00e9", "attempt": 3},
+    ]
+    assert all(float(e["at"]) > 0 for e in undo.errors)
+    assert [c.errors for c in picture.compensations if c.step != 3] == [[], []]
+
+
 def test_requeue_reopens_a_run_whose_compensation_failed(store: RunStore, new_run: NewRun) -> None:
     """An escalated run with a failed undo goes back to unwinding, kept, with a new owner."""
     # Given a run escalated because one of its undos failed

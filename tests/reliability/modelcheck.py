@@ -35,7 +35,8 @@ same defect) and the search goes on with the remaining example budget, so one de
 hide the others. ``--stop-first`` stops at the first; ``--only SYMPTOM[+FAULT,...]`` counts
 only that violation (to measure how many examples one defect needs). Its last line is
 ``modelcheck: N examples, V violations`` (N: examples generated, shrinking replays not
-counted; V: distinct violations found); the exit status is 1 when V > 0.
+counted; V: distinct violations found); the exit status is 1 when V > 0. ``--jobs J`` runs J
+copies side by side (seeds ``S*100+j``, each its share of the examples) and sums them.
 
 Symptoms (each an exception class ``Violation_<symptom>``): ``stuck-<state>``,
 ``stalled-without-reaper`` (an unwind only the reaper could end although no message of the run
@@ -58,6 +59,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -1998,6 +2000,62 @@ def run_once(examples: int, steps: int, seed: int, shrink: bool = True) -> BaseE
     return None
 
 
+_LAST_LINE = re.compile(r"^modelcheck: (\d+) examples, (\d+) violations$", re.M)
+
+
+def run_jobs(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--jobs N``: N copies of this check, each with ``--seed S*100+j`` and its share of the
+    examples, side by side (one per core: each is single-threaded where it counts). Their
+    reports are printed one after another; the last line sums them."""
+    passed: list[str] = []
+    skip = False
+    for arg in argv:  # everything but --jobs, --seed and --examples goes through as given
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--jobs", "--seed", "--examples"):
+            skip = "=" not in arg
+            continue
+        passed.append(arg)
+    share = -(-args.examples // args.jobs)
+    children: list[tuple[int, subprocess.Popen[str], Any]] = []
+
+    def stop(_signum: int, _frame: Any) -> None:
+        for _, child, _ in children:
+            child.terminate()
+        for _, child, _ in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=10)
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, stop)
+    examples = violations = status = 0
+    with contextlib.ExitStack() as files:
+        for job in range(args.jobs):
+            seed = args.seed * 100 + job
+            command = [sys.executable, "-m", "tests.reliability.modelcheck", *passed]
+            command += ["--seed", str(seed), "--examples", str(share)]
+            output = files.enter_context(tempfile.TemporaryFile("w+"))
+            children.append((seed, subprocess.Popen(command, stdout=output, text=True), output))
+        for seed, child, output in children:
+            child.wait()
+            output.seek(0)
+            report = output.read()
+            print(f"\n##### job --seed {seed} (exit status {child.returncode})")
+            print(report.rstrip())
+            counted = _LAST_LINE.findall(report)
+            if not counted:
+                print(f"modelcheck: job --seed {seed} gave no count", file=sys.stderr)
+                status, violations = 1, violations + 1
+                continue
+            examples += int(counted[-1][0])
+            violations += int(counted[-1][1])
+            status = max(status, child.returncode)
+    print(f"modelcheck: {examples} examples, {violations} violations")
+    return 1 if violations or status else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=500, help="examples to generate in all")
@@ -2018,7 +2076,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SYMPTOM[+FAULT,...]",
         help="count only this violation (on a run with at least these faults); repeatable",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="split the examples over this many processes (each its own seed and redis-server)",
+    )
     args = parser.parse_args(argv)
+    if args.jobs > 1:
+        return run_jobs(args, list(sys.argv[1:] if argv is None else argv))
     for target in args.only:
         symptom, _, faults = target.partition("+")
         CAMPAIGN.targets.append((symptom, frozenset(f for f in faults.split(",") if f)))

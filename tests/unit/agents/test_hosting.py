@@ -99,14 +99,7 @@ READ = ToolCall("c2", "get_order", {"order_id": 1})
 
 def refusal(calls: list[ToolCall], i: int) -> str:
     declared = agent()
-    answer = ModelTurn(calls=tuple(calls))
-    writes = [
-        j
-        for j, c in enumerate(calls)
-        if (t := declared.tool(c.name)) is not None
-        and t.tool_class in (ToolClass.REVERSIBLE_WRITE, ToolClass.COMPENSATABLE_WRITE)
-    ]
-    return _refusal(declared, calls[i], i, writes, answer)
+    return _refusal(declared, calls[i], i, ModelTurn(calls=tuple(calls)))
 
 
 def test_an_irreversible_call_beside_writes_waits_for_the_next_turn_whatever_its_place() -> None:

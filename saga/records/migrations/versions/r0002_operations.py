@@ -76,6 +76,7 @@ def upgrade() -> None:
         sa.Column("settled_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("task_id", sa.String(328), nullable=False),
         sa.Column("history", sa.JSON(), nullable=False),
+        sa.Column("errors", sa.JSON(), nullable=False),
         sa.Column("stack_position", sa.Integer(), nullable=True),
         sa.PrimaryKeyConstraint("run_id", "step"),
     )

@@ -1,0 +1,271 @@
+"""What every command shares: exit codes, how the app and the stores are found, output.
+
+Read-only commands need nothing but the URLs (``SAGA_REDIS_URL``, ``SAGA_DATABASE_URL``): they
+never import the application. Commands that act on runs (requeue, reap) need its ``Saga``, for
+the tool registry: ``--app module:attr``, ``SAGA_APP``, or ``tasks.app:saga`` when importable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+from rich.console import Console
+
+from saga.settings import Settings
+
+if TYPE_CHECKING:
+    from saga.engine import Saga
+    from saga.records import RecordStore
+    from saga.stack import RunStore
+
+#: The app the demo (and ``make worker``) runs; used when nothing names another.
+DEFAULT_APP = "tasks.app:saga"
+
+
+class ExitCode(IntEnum):
+    """What the ``saga`` command's exit status means (scripts may rely on these)."""
+
+    OK = 0
+    #: The thing asked for is in a bad state: doctor found a problem, a requeue escalated again,
+    #: nothing to requeue, already resolved.
+    BAD_STATE = 1
+    #: Bad usage or input (click's own usage errors use 2 as well).
+    USAGE = 2
+    NOT_FOUND = 3
+    #: Redis, the broker or the records database did not answer.
+    UNREACHABLE = 4
+
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 ok; 1 the thing asked for is in a bad state (doctor found a problem, a "
+    "requeue escalated again, nothing to requeue, already resolved); 2 bad usage or input; "
+    "3 not found; 4 a service (Redis, broker, database) unreachable."
+)
+
+
+class Failure(click.ClickException):
+    """A command's failure, with the exit code that says what kind it is."""
+
+    def __init__(self, message: str, code: ExitCode) -> None:
+        super().__init__(message)
+        # click declares exit_code on the class; each failure carries its own.
+        self.exit_code = int(code)  # type: ignore[misc]
+
+
+def mask(url: str) -> str:
+    """A URL fit to print: its password replaced."""
+    return re.sub(r"(//[^:@/]*):[^@/]*@", r"\1:***@", url)
+
+
+@dataclass
+class Env:
+    """The deployment the command talks to, opened lazily (a read-only command never imports
+    the application, and never connects to what it does not read)."""
+
+    app_spec: str | None
+    console: Console
+    _saga: Saga | None = None
+    _settings: Settings | None = None
+    _store: RunStore | None = None
+    _records: RecordStore | None = None
+    _opened: list[Any] = field(default_factory=list)
+
+    @property
+    def explicit_app(self) -> bool:
+        return self.app_spec is not None
+
+    @property
+    def settings(self) -> Settings:
+        if self._saga is not None:
+            return self._saga.settings
+        if self._settings is None:
+            self._settings = Settings.from_env()
+        return self._settings
+
+    def saga(self) -> Saga:
+        """The application's ``Saga``; exit 2 when none can be loaded."""
+        if self._saga is None:
+            self._saga = load_saga(self.app_spec or DEFAULT_APP, explicit=self.explicit_app)
+        return self._saga
+
+    def saga_if_any(self) -> Saga | None:
+        """The ``Saga`` if one can be found; None when no app is named and the default is not
+        importable (an app named explicitly that fails to load still exits 2)."""
+        try:
+            return self.saga()
+        except Failure:
+            if self.explicit_app:
+                raise
+            return None
+
+    @property
+    def store(self) -> RunStore:
+        if self._saga is not None:
+            return self._saga.store
+        if self._store is None:
+            from saga.stack import RunStore
+
+            settings = self.settings
+            self._store = RunStore.from_url(
+                settings.redis_url, settings.retention_seconds, **settings.redis_options
+            )
+            self._opened.append(self._store.client)
+        return self._store
+
+    def store_if_reachable(self) -> RunStore | None:
+        """The stack's Redis, or None (said on stderr) when it does not answer: what the
+        records hold can still be shown."""
+        import redis
+
+        try:
+            self.store.client.ping()
+        except redis.RedisError as exc:
+            click.echo(f"saga: Redis does not answer ({exc}): showing the records only", err=True)
+            return None
+        return self.store
+
+    @property
+    def records(self) -> RecordStore:
+        if self._saga is not None:
+            return self._saga.records
+        if self._records is None:
+            from saga.records import RecordStore
+
+            settings = self.settings
+            self._records = RecordStore(
+                settings.database_url, upgrade=settings.database_auto_upgrade
+            )
+            self._opened.append(self._records)
+        return self._records
+
+    def command(self) -> str:
+        """How to invoke ``saga`` again here (with the ``--app`` this one was given)."""
+        return f"saga --app {self.app_spec}" if self.app_spec else "saga"
+
+    def close(self) -> None:
+        for thing in self._opened:
+            closer = getattr(thing, "dispose", None) or getattr(thing, "close", None)
+            if closer is not None:
+                closer()
+
+
+def load_saga(spec: str, *, explicit: bool = True) -> Saga:
+    """``module:attr`` (``attr`` defaults to ``saga``) → the ``Saga`` it names. Imported from
+    the current directory too, as ``celery -A`` does."""
+    from saga.engine import Saga
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        raise Failure(f"--app {spec!r}: expected module:attr, e.g. {DEFAULT_APP}", ExitCode.USAGE)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if not explicit and exc.name is not None and module_name.startswith(exc.name):
+            raise Failure(
+                "no app: name its Saga with --app module:attr or SAGA_APP "
+                f"({DEFAULT_APP} is not importable here)",
+                ExitCode.USAGE,
+            ) from exc
+        raise Failure(f"cannot import the app {spec}: {exc}", ExitCode.USAGE) from exc
+    found: Any = module
+    for part in (attr or "saga").split("."):
+        if not hasattr(found, part):
+            raise Failure(f"{module_name} has no {attr or 'saga'} (--app {spec})", ExitCode.USAGE)
+        found = getattr(found, part)
+    if not isinstance(found, Saga):
+        kind = type(found).__name__
+        raise Failure(f"--app {spec} is a {kind}, not a saga.Saga", ExitCode.USAGE)
+    return found
+
+
+# -- input -----------------------------------------------------------------------------------
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_since(
+    ctx: click.Context | None, param: click.Parameter | None, value: str | None
+) -> float | None:
+    """``--since``: ``30m``, ``2h``, ``7d`` (ago), or an ISO date/time (UTC unless it says
+    otherwise) → seconds since the epoch."""
+    if value is None:
+        return None
+    text = value.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", text)
+    if match:
+        return time.time() - float(match[1]) * _UNITS[match[2]]
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither a duration (30m, 2h, 7d) nor an ISO date", ctx, param
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def parse_assignment(text: str) -> tuple[int, str, Any]:
+    """``STEP.ARG=VALUE`` → (step, argument, value); the value is JSON when it parses as JSON
+    (``100``, ``true``, ``"x"``, ``{"a": 1}``), else the text as it is."""
+    target, equals, raw = text.partition("=")
+    step, dot, arg = target.partition(".")
+    if not equals or not dot or not step.strip().isdigit() or not arg.strip().isidentifier():
+        raise click.BadParameter(
+            f"{text!r}: expected STEP.ARG=VALUE (an undo's step number and argument name), "
+            "e.g. 3.status=open"
+        )
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return int(step), arg.strip(), value
+
+
+def corrections_from(assignments: list[str]) -> dict[int, dict[str, Any]]:
+    corrections: dict[int, dict[str, Any]] = {}
+    for text in assignments:
+        step, arg, value = parse_assignment(text)
+        corrections.setdefault(step, {})[arg] = value
+    return corrections
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def make_console() -> Console:
+    """Colour on a terminal; piped, plain text 120 columns wide (tables fit, nothing wraps)."""
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, width=int(os.environ.get("COLUMNS") or 120))
+
+
+def emit_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+
+
+def when(timestamp: float | None) -> str:
+    """A time for a table: UTC, to the second."""
+    if timestamp is None:
+        return ""
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def bad_state(message: str) -> NoReturn:
+    raise Failure(message, ExitCode.BAD_STATE)
+
+
+def not_found(message: str) -> NoReturn:
+    raise Failure(message, ExitCode.NOT_FOUND)

@@ -1,0 +1,286 @@
+"""``saga doctor``: is this deployment able to keep its promises?
+
+Each check names what it protects: the stack's Redis must answer, persist (AOF) and never evict;
+the broker must answer; the records database must answer and be migrated; workers must be
+online for the tools (and the turns), beat must be scheduling the reaper; and the start-up
+guard must find nothing wrong with the app's settings. Exit 4 when a service does not answer,
+1 when a check fails, 0 otherwise (warnings included).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import click
+import redis
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from saga.cli.context import DEFAULT_APP, Env, ExitCode, Failure, emit_json, mask
+from saga.constants import TURN_QUEUE
+from saga.errors import DatabaseSchemaError
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from saga.engine import Saga
+
+Status = Literal["ok", "warn", "fail", "skip"]
+_MARK = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "skip": ("-", "dim")}
+#: Seconds any one probe may take: a doctor that hangs on a dead service helps nobody.
+TIMEOUT = 3.0
+_RECORD_TABLES = ("saga_runs", "saga_escalations")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    #: The service did not answer (exit 4 rather than 1).
+    unreachable: bool = False
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="JSON for scripts.")
+@click.pass_obj
+def doctor(env: Env, as_json: bool) -> None:
+    """Check Redis (reachable, AOF, noeviction), the broker, the database (reachable,
+    migrated), workers and beat online, and the start-up guard's findings."""
+    checks = run_checks(env)
+    failed = [c for c in checks if c.status == "fail"]
+    code = ExitCode.OK
+    if failed:
+        code = ExitCode.UNREACHABLE if any(c.unreachable for c in failed) else ExitCode.BAD_STATE
+    if as_json:
+        items = [asdict(c) for c in checks]
+        emit_json({"schema_version": 1, "ok": not failed, "exit_code": int(code), "checks": items})
+    else:
+        table = Table("", "check", "finding", show_header=False, box=None)
+        for check in checks:
+            mark, style = _MARK[check.status]
+            table.add_row(Text(mark, style=style), check.name, check.detail)
+        env.console.print(table)
+    if failed:
+        raise Failure(f"{len(failed)} check(s) failed: {', '.join(c.name for c in failed)}", code)
+
+
+def run_checks(env: Env) -> list[Check]:
+    saga = env.saga_if_any()
+    settings = env.settings
+    checks = _redis_checks(settings.redis_url, settings.redis_options)
+    redis_up = checks[0].status == "ok"
+    broker_url = _broker_url(saga, settings.redis_url)
+    app = saga.app if saga is not None else _bare_app(broker_url)
+    checks.append(_broker_check(app, broker_url))
+    broker_up = checks[-1].status == "ok"
+    checks += _database_checks(settings.database_url)
+    if broker_up:
+        checks += _worker_checks(app, saga)
+    else:
+        checks.append(Check("workers", "skip", "the broker does not answer"))
+    checks.append(_beat_check(env, saga) if redis_up else Check("beat", "skip", "no Redis"))
+    checks.append(_guard_check(saga))
+    return checks
+
+
+def _probe(name: str, probe: Callable[[], Check]) -> Check:
+    try:
+        return probe()
+    except Exception as exc:  # a check that cannot look is a finding, not a traceback
+        return Check(name, "fail", f"could not check: {type(exc).__name__}: {exc}")
+
+
+# -- Redis -------------------------------------------------------------------------------------
+
+
+def _redis_checks(url: str, options: dict[str, Any]) -> list[Check]:
+    client = redis.Redis.from_url(
+        url,
+        socket_timeout=TIMEOUT,
+        socket_connect_timeout=TIMEOUT,
+        decode_responses=True,
+        **options,
+    )
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        return [Check("redis", "fail", f"{mask(url)} refused the credentials: {exc}", True)]
+    except redis.RedisError as exc:
+        return [Check("redis", "fail", f"{mask(url)} does not answer: {exc}", True)]
+    checks = [Check("redis", "ok", f"{mask(url)} answers")]
+    try:
+        config: dict[str, str] = {}
+        for name in ("appendonly", "appendfsync", "maxmemory-policy"):
+            config.update(cast(dict[str, str], client.config_get(name)))
+    except redis.ResponseError as exc:
+        unknown = f"CONFIG is not allowed here ({exc}): check appendonly and maxmemory-policy"
+        return [*checks, Check("redis persistence", "warn", unknown)]
+    finally:
+        client.close()
+    checks.append(_persistence(config))
+    policy = config.get("maxmemory-policy", "")
+    if policy in ("", "noeviction"):
+        checks.append(Check("redis eviction", "ok", "maxmemory-policy noeviction"))
+    else:
+        evicts = f"maxmemory-policy {policy}: it may evict a compensation stack (workers refuse)"
+        checks.append(Check("redis eviction", "fail", evicts))
+    return checks
+
+
+def _persistence(config: dict[str, str]) -> Check:
+    if config.get("appendonly") != "yes":
+        lost = "appendonly no: a Redis crash loses every stack (docs/durability.md)"
+        return Check("redis persistence", "warn", lost)
+    fsync = config.get("appendfsync", "")
+    if fsync != "always":
+        late = f"AOF with appendfsync {fsync}: an OS crash may lose the last second of pushes"
+        return Check("redis persistence", "warn", late)
+    return Check("redis persistence", "ok", "AOF, appendfsync always")
+
+
+# -- broker, database --------------------------------------------------------------------------
+
+
+def _broker_url(saga: Saga | None, redis_url: str) -> str:
+    if saga is not None:
+        return str(saga.app.conf.broker_url or redis_url)
+    return os.environ.get("SAGA_BROKER_URL") or redis_url
+
+
+def _bare_app(broker_url: str) -> Celery:
+    """A Celery app that only talks to the broker (no app was named): pings, queues."""
+    from celery import Celery
+
+    app = Celery("saga-doctor", broker=broker_url, set_as_current=False)
+    app.conf.update(accept_content=["json"], task_serializer="json")
+    return app
+
+
+def _broker_check(app: Celery, url: str) -> Check:
+    def probe() -> Check:
+        connection = app.connection_for_write()  # with the app's TLS and transport options
+        try:
+            connection.ensure_connection(
+                max_retries=1,
+                interval_start=0,
+                interval_step=0.2,
+                interval_max=0.2,
+                timeout=TIMEOUT,
+            )
+        except Exception as exc:
+            return Check("broker", "fail", f"{mask(url)} does not answer: {exc}", True)
+        finally:
+            connection.release()
+        return Check("broker", "ok", f"{mask(url)} answers")
+
+    return _probe("broker", probe)
+
+
+def _database_checks(url: str) -> list[Check]:
+    arguments: dict[str, Any] = {}
+    if url.startswith("postgresql"):
+        arguments["connect_timeout"] = int(TIMEOUT)
+    engine = create_engine(url, connect_args=arguments)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+            tables = set(inspect(connection).get_table_names())
+    except SQLAlchemyError as exc:
+        detail = f"{mask(url)} does not answer: {str(exc).splitlines()[0]}"
+        return [Check("database", "fail", detail, True)]
+    finally:
+        engine.dispose()
+    checks = [Check("database", "ok", f"{mask(url)} answers")]
+    missing = [t for t in _RECORD_TABLES if t not in tables]
+    if missing:
+        detail = f"no {', '.join(missing)} yet (`saga db upgrade`, or a worker, creates them)"
+        checks.append(Check("database tables", "warn", detail))
+    checks.append(_probe("migrations", lambda: _migrations(url)))
+    return checks
+
+
+def _migrations(url: str) -> Check:
+    from saga.records import migrations
+
+    current, head = migrations.status(url)
+    if current == head:
+        return Check("migrations", "ok", f"at head ({head})")
+    try:
+        migrations.check(url)
+    except DatabaseSchemaError:
+        detail = f"at {current or 'no revision'}, head {head}: run `saga db upgrade`"
+        return Check("migrations", "fail", detail)
+    return Check("migrations", "warn", f"at {current}, newer than this version's head {head}")
+
+
+# -- workers, beat, guard ----------------------------------------------------------------------
+
+
+def _worker_checks(app: Celery, saga: Saga | None) -> list[Check]:
+    try:
+        replies = app.control.ping(timeout=TIMEOUT / 2) or []
+        queues = app.control.inspect(timeout=TIMEOUT / 2).active_queues() or {}
+    except Exception as exc:
+        return [Check("workers", "fail", f"could not ask them: {exc}", True)]
+    names = sorted(name for reply in replies for name in reply)
+    if not names:
+        return [Check("workers", "fail", "no worker answered a ping")]
+    served = {q["name"] for found in queues.values() for q in found or []}
+    checks = [Check("workers", "ok", f"{len(names)} online: {', '.join(names)}")]
+    default = str(app.conf.task_default_queue or "celery")
+    if default not in served:
+        checks.append(Check("tool queue", "fail", f"no worker consumes {default!r} (tools)"))
+    if TURN_QUEUE not in served:
+        hosted = saga is not None and len(saga.agents) > 0
+        detail = f"no worker consumes {TURN_QUEUE!r}: hosted turns and web aborts would wait"
+        checks.append(Check("turn queue", "fail" if hosted else "warn", detail))
+    return checks
+
+
+def _beat_check(env: Env, saga: Saga | None) -> Check:
+    interval = _reap_interval(saga)
+
+    def probe() -> Check:
+        store = env.store
+        last = store.last_reaper_pass()
+        module = (env.app_spec or DEFAULT_APP).partition(":")[0] if saga is not None else "APP"
+        command = f"celery -A {module} beat"
+        if last is None:
+            return Check("beat", "fail", f"no reaper pass recorded yet: is `{command}` running?")
+        age = store.now(exact=True) - last
+        if age > 3 * interval + 30:
+            stale = f"the last reaper pass was {age:.0f}s ago (every {interval:g}s): `{command}`?"
+            return Check("beat", "fail", stale)
+        return Check("beat", "ok", f"the reaper ran {age:.0f}s ago (every {interval:g}s)")
+
+    return _probe("beat", probe)
+
+
+def _reap_interval(saga: Saga | None) -> float:
+    if saga is not None:
+        entry = (saga.app.conf.beat_schedule or {}).get("saga-reaper") or {}
+        schedule = entry.get("schedule")
+        if isinstance(schedule, int | float):
+            return float(schedule)
+    return float(os.environ.get("SAGA_REAP_INTERVAL") or 30)
+
+
+def _guard_check(saga: Saga | None) -> Check:
+    if saga is None:
+        return Check("guard", "warn", "skipped: no app to check (--app module:attr or SAGA_APP)")
+
+    def probe() -> Check:
+        from saga.worker import guard_problems
+
+        problems = guard_problems(saga, check_redis=False)  # Redis was checked above
+        if problems:
+            return Check("guard", "fail", "; ".join(problems))
+        return Check("guard", "ok", "the worker's start-up guard finds nothing")
+
+    return _probe("guard", probe)

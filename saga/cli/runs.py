@@ -1,0 +1,86 @@
+"""``saga runs`` and ``saga show RUN``: read-only, from the URLs alone."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from saga.cli.context import Env, emit_json, not_found, parse_since, when
+from saga.cli.queries import RunFilter, list_runs, run_doc
+from saga.escalations import run_card, run_json
+from saga.model import RunState
+from saga.validation import check_run_id
+
+_STYLE = {"completed": "green", "compensated": "green", "escalated": "red", "unwinding": "yellow"}
+
+
+@click.command()
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice([s.value for s in RunState]),
+    help="Only runs in this state (repeatable).",
+)
+@click.option("--agent", help="Only runs of this hosted agent.")
+@click.option("--tool", help="Only runs that called this tool.")
+@click.option(
+    "--since", callback=parse_since, help="Only runs started since: 30m, 2h, 7d or an ISO date."
+)
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="JSON for scripts.")
+@click.pass_obj
+def runs(
+    env: Env,
+    states: tuple[str, ...],
+    agent: str | None,
+    tool: str | None,
+    since: float | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List runs, newest first: live ones from Redis, ended ones from the records."""
+    where = RunFilter(states=states, agent=agent, tool=tool, since=since, limit=limit)
+    rows = list_runs(env.store_if_reachable(), env.records, where)
+    if as_json:
+        emit_json({"schema_version": 1, "runs": [r.to_dict() for r in rows]})
+        return
+    table = Table()
+    table.add_column("run", no_wrap=True)
+    for column in ("state", "agent", "started (UTC)", "steps", "reason"):
+        table.add_column(column, overflow="fold")
+    table.add_column("open escalation", no_wrap=True)
+    for row in rows:
+        table.add_row(
+            row.run_id,
+            Text(row.state, style=_STYLE.get(row.state, "")),
+            row.agent,
+            when(row.created),
+            ", ".join(row.tools),
+            row.reason,
+            row.escalation,
+        )
+    env.console.print(table if rows else Text("no runs match", style="dim"))
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--json", "as_json", is_flag=True, help="The run document (schema version 1).")
+@click.pass_obj
+def show(env: Env, run_id: str, as_json: bool) -> None:
+    """Draw a run's timeline: forward steps with their classes and pushes, the pivot line,
+    the unwind with ✓/✗, how it ended."""
+    check_run_id(run_id)
+    doc = run_doc(env.store_if_reachable(), env.records, run_id)
+    if doc is None:
+        not_found(f"no run {run_id} (never started, or expired and never recorded)")
+    if as_json:
+        emit_json(run_json(doc))
+        return
+    env.console.print(run_card(doc), crop=False)
+    for escalation in env.records.escalations(run_id, open_only=True):
+        env.console.print(
+            f"\nescalation {escalation.escalation_id} is open: "
+            f"{env.command()} escalation show {escalation.escalation_id}"
+        )

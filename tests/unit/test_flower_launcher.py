@@ -1,0 +1,65 @@
+"""What the Flower launcher starts, and which of Flower's own routes it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from saga.errors import ConfigurationError
+from saga.integrations.flower import BASIC_AUTH_ENV, INSECURE_LOCAL_ENV, guard_routes, plan
+
+
+def test_credentials_come_from_the_environment() -> None:
+    argv, env = plan(["-A", "tasks.app", "--port=5555"], {BASIC_AUTH_ENV: "ops:pw,viewer:pw2"})
+    assert argv == ["celery", "-A", "tasks.app", "flower", "--port=5555"]
+    assert env == {"FLOWER_BASIC_AUTH": "ops:pw,viewer:pw2"}
+
+
+def test_without_credentials_it_refuses_to_start() -> None:
+    with pytest.raises(ConfigurationError, match=BASIC_AUTH_ENV):
+        plan(["-A", "tasks.app"], {})
+
+
+@pytest.mark.parametrize("credentials", ["ops", "ops:", ":pw", "ops:pw,"])
+def test_incomplete_credentials_are_refused(credentials: str) -> None:
+    with pytest.raises(ConfigurationError, match="user:password"):
+        plan(["-A", "tasks.app"], {BASIC_AUTH_ENV: credentials})
+
+
+@pytest.mark.parametrize("flag", ["--basic_auth=ops:pw", "--basic-auth=ops:pw"])
+def test_credentials_on_the_command_line_are_refused(flag: str) -> None:
+    with pytest.raises(ConfigurationError, match="not taken on the command line"):
+        plan(["-A", "tasks.app", flag], {BASIC_AUTH_ENV: "ops:pw"})
+
+
+def test_local_development_without_credentials_listens_on_loopback_only() -> None:
+    argv, env = plan(["-A", "tasks.app"], {INSECURE_LOCAL_ENV: "1"})
+    assert argv[-1] == "--address=127.0.0.1"
+    assert env == {}
+    with pytest.raises(ConfigurationError, match=r"127\.0\.0\.1 only"):
+        plan(["-A", "tasks.app", "--address=0.0.0.0"], {INSECURE_LOCAL_ENV: "1"})
+
+
+def test_every_api_route_but_the_read_only_ones_is_refused() -> None:
+    """Checked against Flower's own route table, so a route a new version adds is refused."""
+    import flower.urls
+
+    guarded = dict(
+        (h[0], h[1].__name__) for h in guard_routes(flower.urls.handlers) if isinstance(h, tuple)
+    )
+    allowed = {p for p, name in guarded.items() if p.startswith("/api/") and name != "Refused"}
+    assert allowed == {
+        r"/api/workers",
+        r"/api/tasks",
+        r"/api/task/types",
+        r"/api/queues/length",
+        r"/api/task/info/(.*)",
+        r"/api/task/result/(.+)",
+    }
+    for control in (
+        "/api/task/revoke/(.+)",
+        "/api/task/async-apply/(.+)",
+        "/api/task/send-task/(.+)",
+        "/api/worker/shutdown/(.+)",
+    ):
+        assert guarded[control] == "Refused"
+    assert guarded["/metrics"] == "AuthenticatedMetrics"
