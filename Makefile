@@ -5,11 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
-# make bench RUNS=N (default 300) · make chaos RUNS=N SEED=S (default 200, 1)
+# make bench RUNS=N (default 300) · make bench-agents RUNS=N (default 200)
+# make chaos RUNS=N SEED=S (default 200, 1)
 RUNS ?=
 SEED ?= 1
 
-.PHONY: install demo test lint bench chaos modelcheck worker turns beat flower clean
+.PHONY: install demo test lint bench bench-agents chaos modelcheck worker turns beat flower clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +34,13 @@ lint: $(INSTALLED)
 bench: $(INSTALLED)
 	scripts/with-redis $(BIN)/python benchmarks/overhead.py --runs $(or $(RUNS),300)
 
-# The randomised chaos run alone (it starts its own redis-server and two workers).
+# Hosted agent runs enqueued at once against the same runs driven from threads (it starts its
+# own turn and tool workers).
+bench-agents: $(INSTALLED)
+	scripts/with-redis $(BIN)/python benchmarks/agents.py --runs $(or $(RUNS),200)
+
+# The randomised chaos run alone (it starts its own redis-server, two tool workers and a
+# turn worker; a quarter of its runs are hosted agent runs).
 chaos: $(INSTALLED)
 	$(BIN)/python -m tests.reliability.chaos --runs $(or $(RUNS),200) --seed $(SEED)
 

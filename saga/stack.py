@@ -124,6 +124,12 @@ class RunHead:
     ended: float | None
 
 
+#: Connections per process at most, and how long a call waits for a free one (then the store
+#: is unavailable, as if Redis were away).
+_MAX_CONNECTIONS = 512
+_POOL_WAIT = 30.0
+
+
 class RunStore:
     """Reads and changes one Redis's runs; safe to share between threads.
 
@@ -140,8 +146,12 @@ class RunStore:
 
     @classmethod
     def from_url(cls, url: str, retention_seconds: int, **options: Any) -> RunStore:
-        client = redis.Redis.from_url(url, decode_responses=True, **options)
-        return cls(client, retention_seconds)
+        """A store on ``url`` whose connection pool waits for a free connection instead of
+        raising (redis-py caps a plain pool at 100, and a web app with more threads waiting
+        on results would see its calls fail). ``?max_connections=N`` in the URL sets the cap."""
+        options = {"max_connections": _MAX_CONNECTIONS, "timeout": _POOL_WAIT, **options}
+        pool = redis.BlockingConnectionPool.from_url(url, decode_responses=True, **options)
+        return cls(redis.Redis.from_pool(pool), retention_seconds)
 
     def _call(self, script: str, run_id: str, *args: Any, step: int | None = None) -> Outcome:
         keys = script_keys(run_id)
@@ -428,6 +438,11 @@ class RunStore:
         return self._call("decide_approval", run_id, marker, verdict, by, reason, args_hash)
 
     # -- reading --------------------------------------------------------------------------
+
+    def in_flight_count(self, run_id: str) -> int:
+        """How many steps are dispatched and not yet settled (one cheap read, no picture)."""
+        with _reachable("in_flight_count"):
+            return int(self.client.hlen(run_keys(run_id)[2]))
 
     def head(self, run_id: str) -> RunHead | None:
         fields = ("state", "updated", "deadline", "recorded", "ended")

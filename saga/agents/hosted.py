@@ -268,6 +268,10 @@ def _refusal(agent: Agent, call: ToolCall, i: int, answer: ModelTurn) -> str:
 def advance_if_settled(saga: Saga, run_id: str, turn: int) -> None:
     """If every call of ``turn`` is refused or settled, mark the turn done (first writer wins)
     and send the next one. Safe to call any number of times, from anywhere."""
+    if saga.store.in_flight_count(run_id):
+        # A call is still in flight (a turn's calls are the only steps a hosted run has in
+        # flight): whoever settles the last one sees none and reads the whole picture.
+        return
     picture = saga.store.picture(run_id)
     state = LoopState.parse(picture.agent) if picture is not None else None
     if picture is None or state is None or picture.state is not RunState.RUNNING:

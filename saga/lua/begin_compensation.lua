@@ -3,7 +3,8 @@
 -- Check before running: a compensation confirmed done is never run again, one given up on
 -- runs again only through a requeue, and a message from any unwind but the current owner's
 -- (a stale chain, or one with no owner) runs nothing. While another execution holds its
--- lease, or a newer step's compensation is still running, this one waits ('busy').
+-- lease, or a newer step's compensation is still running (or was revoked while running and
+-- its execution has not reported), this one waits ('busy').
 local n = ARGV[1]
 local cs = redis.call('HGET', COMPS, n .. ':state')
 if not cs then return {'unknown'} end
@@ -20,8 +21,10 @@ local busy = leased(COMPS, n)
 if busy then return {'busy', string.format('%.3f', busy)} end
 local fields = redis.call('HGETALL', COMPS)
 for i = 1, #fields, 2 do
+  -- A newer undo still running under its lease (or revoked while running: its execution may
+  -- still be undoing, and keeps its claim until it reports) goes first: undos run newest first.
   local m = string.match(fields[i], '^(%d+):state$')
-  if m and tonumber(m) > tonumber(n) and fields[i + 1] == 'running' then
+  if m and tonumber(m) > tonumber(n) and fields[i + 1] ~= 'done' then
     local newer = leased(COMPS, m)
     if newer then return {'busy', string.format('%.3f', newer)} end
   end

@@ -19,6 +19,12 @@ end
 
 local cs = redis.call('HGET', COMPS, n .. ':state')
 if not cs then return {'unknown'} end
+if cs ~= 'running' and ARGV[4] ~= '' and redis.call('HGET', COMPS, n .. ':claim') == ARGV[4] then
+  -- The execution revoked while running reports its end: it runs no more, so its lease (kept
+  -- to hold back a requeued attempt) is over. What it reports was decided by the revoke.
+  redis.call('HSET', COMPS, n .. ':claim', '')
+  if outcome ~= 'done' then return {'stale'} end
+end
 if cs == 'done' then return {'dup'} end
 if outcome == 'fail' and cs == 'failed' then return {'dup'} end
 local to = move('comp', cs, outcome)

@@ -547,6 +547,47 @@ def test_a_requeue_waits_for_the_lease_of_an_undo_revoked_while_running(h: Harne
     assert h.world.reversals == [f"{run_id}:1:undo"]
 
 
+def test_an_undo_revoked_while_running_frees_its_lease_when_it_reports(h: Harness) -> None:
+    """Found by the model check: the revoked execution ends (it reports its failure); it runs
+    no more, so a requeued attempt must not wait for its lease, and its late report must not
+    fail the requeued undo."""
+    run_id = h.start()
+    issued(h, run_id)
+    h.saga.abort(run_id, "cancelled")
+    undo = h.take(REVERSE)
+    store = h.saga.store
+    assert store.begin_compensation(run_id, 1, "first", undo.task_id, "abort", 30.0).status == "run"
+    _on_revoked(h.saga, revoke_request(undo), terminated=False)
+    h.drain()
+    h.saga.requeue_failed_compensations(run_id)
+
+    late = store.record_compensation(run_id, 1, "fail", {"message": "late"}, claim="first")
+
+    assert late.status == "stale"
+    [comp] = h.saga.picture(run_id).compensations
+    assert comp.state is CompensationState.PENDING
+    owner = h.saga.picture(run_id).extra["owner"]
+    assert store.begin_compensation(run_id, 1, "second", "t2", owner, 30.0).status == "run"
+
+
+def test_an_older_undo_waits_for_a_newer_one_revoked_while_running(h: Harness) -> None:
+    """Found by the model check: the revoke passes the chain on at once, but the revoked undo
+    of step 2 may still be undoing; the undo of step 1 waits ('busy') until it reports."""
+    run_id = h.start()
+    issued(h, run_id)
+    issued(h, run_id)
+    h.saga.abort(run_id, "cancelled")
+    newer = h.take(REVERSE)
+    store = h.saga.store
+    assert store.begin_compensation(run_id, 2, "d2", newer.task_id, "abort", 30.0).status == "run"
+    _on_revoked(h.saga, revoke_request(newer), terminated=True)
+
+    older = store.begin_compensation(run_id, 1, "d1", "t1", "abort", 30.0)
+    assert older.status == "busy"
+    store.record_compensation(run_id, 2, "fail", {"message": "killed"}, claim="d2")
+    assert store.begin_compensation(run_id, 1, "d1", "t1", "abort", 30.0).status == "run"
+
+
 def test_the_reaper_does_not_abandon_a_run_that_moved_on_since_it_read_it(h: Harness) -> None:
     """Found by the model check: a reaper pass that read an idle run, then a call arrives;
     its abort on the stale reading is refused (version fence) and the call goes on."""

@@ -16,25 +16,9 @@ from saga.client import Client, RunStatus
 from saga.errors import ApprovalError, RunEndedError, SagaError, UnknownRunError
 from saga.testing import WorkerProcess
 from tasks import systems
-from tests.conftest import ROOT
 from tests.integration.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def turn_worker(saga_env: dict[str, str], worker: Any) -> Iterator[WorkerProcess]:
-    """The turns' worker: threads, so a model call never holds a prefork slot."""
-    process = WorkerProcess(
-        "tests.integration.hosted_app",
-        env=saga_env,
-        pool="threads",
-        concurrency=10,
-        extra_args=["-Q", "saga.turns"],
-        cwd=ROOT,
-    )
-    with process:
-        yield process
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -895,18 +896,18 @@ def test_a_stale_unwind_neither_compensates_nor_concludes(store: RunStore, new_r
 def test_a_move_not_in_the_table_is_refused_loudly(
     store: RunStore, new_run: NewRun, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A retry of an undo nobody began, a success of a failed undo: refused and logged."""
+    """A retry of an undo nobody began, a refusal of a step that succeeded: refused, logged."""
     run_id = new_run()
     three_writes_and_abort(store, run_id)
     with caplog.at_level("ERROR", logger="saga.stack"):
         refused = store.record_compensation(run_id, 3, "retry", {"message": "?"})
-        verdict = store.record_failure(run_id, 1, {"message": "?"}, event="never_started")
+        verdict = store.record_failure(run_id, 1, {"message": "?"}, event="reject")
     assert refused == Outcome("illegal", ("comp", "pending", "retry"))
-    assert verdict == Outcome("illegal", ("step", "succeeded", "never_started"))
+    assert verdict == Outcome("illegal", ("step", "succeeded", "reject"))
     assert [r.getMessage().split(":")[1].strip() for r in caplog.records] == [
         "refused comp transition 'pending' --retry--> (not in saga/machine.py's table; "
         "record_compensation [3])",
-        "refused step transition 'succeeded' --never_started--> (not in saga/machine.py's "
+        "refused step transition 'succeeded' --reject--> (not in saga/machine.py's "
         "table; record_failure [1])",
     ]
     assert {c.state for c in store.picture(run_id).compensations} == {  # type: ignore[union-attr]
@@ -1037,3 +1038,29 @@ def test_expired_keys_are_rebuilt_only_into_nothing(store: RunStore, new_run: Ne
     assert begin_comp(store, run_id, 2).status == "run"
     record_comp(store, run_id, 2, "done")
     assert stack_of(store, run_id) == []
+
+
+def test_more_callers_than_connections_wait_for_one_instead_of_failing(redis_url: str) -> None:
+    """A web app with more threads waiting on Redis than the pool holds: each waits for a free
+    connection (redis-py's plain pool would raise "Too many connections" past its cap)."""
+    separator = "&" if "?" in redis_url else "?"
+    small = RunStore.from_url(f"{redis_url}{separator}max_connections=3", RETENTION)
+    errors: list[BaseException] = []
+
+    def wait_on_redis() -> None:
+        try:
+            small.client.blpop([f"test-pool-{uuid.uuid4().hex}"], timeout=0.2)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wait_on_redis) for _ in range(12)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=20)
+        assert not any(thread.is_alive() for thread in threads)
+        assert errors == []
+        assert small.client.connection_pool.max_connections == 3
+    finally:
+        small.client.close()

@@ -1,19 +1,42 @@
-"""The randomised chaos run: many small sagas, random kill points, two workers, invariants.
+"""The randomised chaos run: many small sagas, random kill points, three workers, invariants.
 
-    python -m tests.reliability.chaos --runs 200 --seed 1
+    python -m tests.reliability.chaos --runs 200 --seed 1 [--hosted-share 0.25]
 
-It starts a private ``redis-server``, two Celery workers on ``tests.reliability.chaos_app``
-and, in this process, a ``Saga`` on the same Redis that plays the agent: each run is 4-6 steps
-chosen under the pivot rules, with a fault plan drawn from ``random.Random(seed)`` (the same
-seed gives the same plans; their digest is printed). A supervisor restarts a worker that was
-killed whole and runs the reaper; once every run has ended, the invariants are checked against
-the tools' own side-effect ledger (``chaos_app``), not the saga's records:
+It starts a private ``redis-server``, two Celery tool workers on ``tests.reliability.chaos_app``
+and a turn worker (``-P threads -c 20 -Q saga.turns``) and, in this process, a ``Saga`` on the
+same Redis that plays the agent: each run is 4-6 steps chosen under the pivot rules, with a
+fault plan drawn from ``random.Random(seed)`` (the same seed gives the same plans; their digest
+is printed). A share of the runs (``--hosted-share``, default a quarter) are hosted agent runs
+instead: enqueued as a web app would (``saga.client.Client.enqueue_run``), played on the turn
+worker by ``chaos_app.chaos_policy``, a scripted model whose script is the run's steps in 2-4
+turns (several calls in one answer sometimes; sometimes the irreversible call asked for a turn
+too early, beside a write: it must be refused, and is asked for again). Their plans add kills
+of the turn worker: inside the model call, before its answer is recorded; once the answer is
+recorded; after the nth dispatch of a turn; and whole-turn-worker kills sent by a step, from
+outside, whatever turns the worker is playing. A supervisor restarts a worker that was killed
+whole (the turn worker too) and runs the reaper; once every run has ended, the invariants are
+checked against the tools' own side-effect ledger (``chaos_app``), not the saga's records:
 
 - every run ends completed, compensated or escalated, none stuck running or unwinding;
 - each write's effect is kept (completed run, or escalated with the step listed as live) or
   undone exactly once; undos run in reverse order, and never undo what never happened;
 - an irreversible effect never sits in a compensated run;
 - every failed compensation is in an escalation record; nothing fails silently.
+
+And for hosted runs, against the policy's own count of its calls per (run, turn):
+
+- at most one model call per turn whose answer was recorded: exactly one, plus one for each
+  earlier call made in a turn worker that was killed before the answer was kept. Such kills
+  are accounted exactly: the policy logs the pid of each call, the supervisor the pid of
+  each turn worker that died, and every call before the one whose answer was recorded must
+  have been made by a dead one (the plan's kills inside the model call, or a kill of the whole
+  turn worker that caught another run's model call); the recorded answer must be the last
+  call's. A turn asked without an answer is only the last one (the model gave up there, or
+  every asker died and the run ended meanwhile);
+- each call of a recorded answer got at most one step, the one its place in the script says,
+  and the early irreversible call none (it was refused);
+- the loop's counters (``<k>:asked``, ``model_calls``) and the SQL transcript agree with the
+  policy's count and the recorded turns.
 
 It prints its figures; the last line is ``chaos: N runs, K kills, V violations`` and the exit
 status is 1 when V > 0.
@@ -24,6 +47,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -54,6 +78,10 @@ TIME_LIMIT = 5
 #: run already resolved, as in production (deadline 900 s, visibility timeout 1200 s).
 LONG_DEADLINE = 20
 SHORT_DEADLINE = 5
+#: A hosted run's long deadline: a killed turn worker's turn comes back after the visibility
+#: timeout, once the worker is restarted; most hosted runs outlast that, as most runs outlast
+#: a stranded message.
+HOSTED_DEADLINE = 40
 
 # -- plans ------------------------------------------------------------------------------------
 
@@ -74,8 +102,28 @@ KINDS: list[tuple[str, int]] = [
     # compensation fails for good; then the stranded message comes back.
     ("undo_stranded", 3),
 ]
+#: Hosted runs: the same kinds (no "abandon": a hosted run's agent cannot walk away; its
+#: "abort" is the model giving up), plus kills of the turn worker (weights add up to 100).
+HOSTED_KINDS: list[tuple[str, int]] = [
+    ("clean", 8),
+    ("transient_fail", 5),
+    ("fail", 10),
+    ("kill_before", 4),
+    ("kill_after", 5),
+    ("kill_unwind", 4),
+    ("crash_loop", 2),
+    ("worker_kill", 4),
+    ("abort", 6),
+    ("pivot_fail", 5),
+    ("undo_stranded", 2),
+    ("turn_kill_model", 11),  # the turn worker dies in the model call, before the answer is kept
+    ("turn_kill_answer", 12),  # ... once the answer is recorded, before any dispatch
+    ("turn_kill_dispatch", 12),  # ... after its nth dispatch of a turn
+    ("turn_worker_kill", 10),  # a step SIGKILLs the whole turn worker, whatever it is doing
+]
+TURN_KINDS = {"turn_kill_model", "turn_kill_answer", "turn_kill_dispatch", "turn_worker_kill"}
 #: Kinds whose faults are all recoverable: the run should complete.
-RECOVERABLE = {"clean", "transient_fail", "kill_before", "kill_after"}
+RECOVERABLE = {"clean", "transient_fail", "kill_before", "kill_after", *TURN_KINDS}
 PRE_PIVOT = (["peek", "tag", "put", "charge"], [2, 1, 3, 3])
 COMPENSATABLE = {"put", "charge"}
 WRITES = {"tag", "put", "charge", "notify"}
@@ -118,9 +166,11 @@ def _undo_fault(rng: random.Random, steps: list[int]) -> dict[str, dict[str, Any
     return {f"ckill:{k}": _fault(which.removeprefix("kill_"))}
 
 
-def make_plan(rng: random.Random, index: int) -> dict[str, Any]:
-    """One run: its steps (obeying the pivot rules), its faults, what the agent does."""
-    names, weights = zip(*KINDS, strict=True)
+def make_plan(rng: random.Random, index: int, hosted_share: float = 0.0) -> dict[str, Any]:
+    """One run: its steps (obeying the pivot rules), its faults, what the agent does; for a
+    hosted run also its turns (``_turns``)."""
+    hosted = rng.random() < hosted_share
+    names, weights = zip(*(HOSTED_KINDS if hosted else KINDS), strict=True)
     kind = rng.choices(names, weights)[0]
     n = rng.randint(4, 6)
     shape = rng.random()
@@ -213,7 +263,7 @@ def make_plan(rng: random.Random, index: int) -> dict[str, Any]:
         if f"fail:{j}" not in faults:
             faults[f"fail:{j}"] = _fault("before", 3)
             then = "fail"
-    return {
+    plan = {
         "kind": kind,
         "then": then,
         "deadline": deadline,
@@ -221,11 +271,95 @@ def make_plan(rng: random.Random, index: int) -> dict[str, Any]:
         "faults": faults,
         "agent": agent,
     }
+    if hosted:
+        plan["hosted"] = _turns(rng, plan, tools, pivot)
+    return plan
 
 
-def make_plans(runs: int, seed: int) -> list[dict[str, Any]]:
+def _turns(
+    rng: random.Random, plan: dict[str, Any], tools: list[str], pivot: int | None
+) -> dict[str, Any]:
+    """A hosted run's script: the steps in 2-4 turns of consecutive steps (several calls in
+    one answer run in parallel; 5 turns where two puts on one slot must be kept apart), the
+    irreversible call alone or beside reads only, a write after it in a later turn; sometimes
+    that call is asked for a turn too early, beside a write (it must be refused, and the script
+    asks for it again in its own turn). Also: where the model gives up (the plan's abort), how
+    long it thinks, and the turn worker's kills."""
+    n = len(tools)
+    required = set()
+    if pivot is not None:
+        required.add(pivot - 1)  # a cut after step pivot - 1: nothing written beside notify
+        if pivot < n and tools[pivot] == "tag":
+            required.add(pivot)
+    # Two puts on one slot never share a turn: parallel calls run in any order, and such
+    # writes do not commute (neither would their undos, taken in reverse step order).
+    slots: set[int] = set()
+    for s, step in enumerate(plan["steps"], 1):
+        if s - 1 in required:
+            slots = set()
+        if step["tool"] == "put":
+            if step["args"]["slot"] in slots:
+                required.add(s - 1)
+                slots = set()
+            slots.add(step["args"]["slot"])
+    free = [p for p in range(1, n) if p not in required]
+    low = max(2, len(required) + 1)
+    count = rng.randint(low, max(low, min(4, n)))
+    cuts = sorted(required | set(rng.sample(free, count - 1 - len(required))))
+    bounds = [0, *cuts, n]
+    turns = [list(range(a + 1, b + 1)) for a, b in itertools.pairwise(bounds)]
+    early = None
+    if pivot is not None:
+        at = next(t for t, steps in enumerate(turns) if pivot in steps)
+        before = turns[at - 1]
+        if rng.random() < 0.5 and any(tools[s - 1] in WRITES for s in before):
+            early = {"turn": at, "at": rng.randint(0, len(before))}
+    give_up = None
+    after = plan["agent"].pop("abort_after", None)
+    if after is not None:  # the model gives up at the first turn after that many steps
+        give_up = next(t for t, steps in enumerate(turns, 1) if steps[-1] >= after) + 1
+    kind, faults = plan["kind"], plan["faults"]
+    last = len(turns) + 1  # the turn of the final answer
+    if kind == "turn_kill_model":
+        turn = rng.randint(1, last)
+        faults[f"tkill:{turn}:in_model_call"] = _fault("in", rng.choice([1, 1, 2]))
+    elif kind == "turn_kill_answer":
+        faults[f"tkill:{rng.randint(1, last)}:after_model_answer"] = _fault("after")
+    elif kind == "turn_kill_dispatch":
+        turn = rng.randint(1, len(turns))
+        nth = rng.randint(1, len(turns[turn - 1]))
+        faults[f"tkill:{turn}:between_dispatches"] = _fault("after", nth=nth)
+    elif kind == "turn_worker_kill":
+        step = rng.randint(1, n)
+        faults[f"kill:{step}"] = _fault(rng.choice(["before", "after"]), turn_worker=True)
+    if kind in TURN_KINDS and rng.random() < 0.3:  # then a later step fails for good
+        j = rng.randint(2, n)
+        faults[f"fail:{j}"] = _fault("before", 3)
+        plan["then"] = "fail"
+    return {
+        "turns": turns,
+        "early": early,
+        "give_up": give_up,
+        "think": round(rng.uniform(0.0, 0.2), 2),
+    }
+
+
+def hosted_script(run_id: str, plan: dict[str, Any]) -> dict[str, Any]:
+    """The hosted run's input: what ``chaos_app.chaos_policy`` plays, turn by turn."""
+    hosted = plan["hosted"]
+    calls = [[{**plan["steps"][s - 1], "step": s} for s in steps] for steps in hosted["turns"]]
+    return {
+        "run": run_id,
+        "turns": calls,
+        "early": hosted["early"],
+        "give_up": hosted["give_up"],
+        "think": hosted["think"],
+    }
+
+
+def make_plans(runs: int, seed: int, hosted_share: float = 0.0) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    return [make_plan(rng, index) for index in range(runs)]
+    return [make_plan(rng, index, hosted_share) for index in range(runs)]
 
 
 def digest(plans: list[dict[str, Any]]) -> str:
@@ -269,8 +403,14 @@ class Chaos:
         self.reaped_runs: dict[str, list[str]] = {}
         self.lock = threading.Lock()
         self.saga: Any = None
+        self.client: Any = None  # the web app's client, which enqueues hosted runs
         self.ledger: Any = None
         self.threads: list[threading.Thread] = []
+        #: The turn worker's slot in ``workers`` (after the tool workers), its restarts, and
+        #: the pids of the turn workers that died (a model call made in one may be repeated).
+        self.turn_slot = args.workers
+        self.turn_restarts = 0
+        self.dead_turn_pids: set[int] = set()
 
     # -- processes ----------------------------------------------------------------------------
 
@@ -278,6 +418,7 @@ class Chaos:
         from celery import Celery
 
         from saga import Saga, Settings
+        from saga.client import Client
         from saga.testing import RedisServer
 
         handler = logging.FileHandler(self.tmp / "agent.log")
@@ -323,20 +464,38 @@ class Chaos:
         )
         self.saga = Saga(app, chaos_app.tools, settings)
         self.saga.records  # noqa: B018 - create the tables once, before the threads race to
-        self.workers = [None] * self.args.workers
-        with ThreadPoolExecutor(self.args.workers) as pool:
-            list(pool.map(self._start_worker, range(self.args.workers)))
+        self.client = Client(broker_url=url, redis_url=url, settings=settings)
+        self.workers = [None] * (self.args.workers + 1)
+        with ThreadPoolExecutor(self.args.workers + 1) as pool:
+            list(pool.map(self._start_worker, range(self.args.workers + 1)))
 
     def _start_worker(self, slot: int) -> None:
+        """A tool worker (prefork), or in the last slot the turn worker (threads, turns only)."""
+        from saga.constants import TURN_QUEUE
         from saga.testing import WorkerProcess
+        from tests.reliability import chaos_app
 
-        log = self.tmp / f"worker-{slot}-{len(self.worker_logs)}.log"
+        turns = slot == self.turn_slot
+        log = self.tmp / f"{'turns' if turns else 'worker'}-{slot}-{len(self.worker_logs)}.log"
         self.worker_logs.append(log)
-        process = WorkerProcess(
-            APP, env=self.env, concurrency=self.args.concurrency, cwd=ROOT, logfile=log
-        )
+        if turns:
+            process = WorkerProcess(
+                APP,
+                env=self.env,
+                concurrency=self.args.turn_concurrency,
+                pool="threads",
+                extra_args=["-Q", TURN_QUEUE],
+                cwd=ROOT,
+                logfile=log,
+            )
+        else:
+            process = WorkerProcess(
+                APP, env=self.env, concurrency=self.args.concurrency, cwd=ROOT, logfile=log
+            )
         self.workers[slot] = process  # before it starts, so a shutdown meanwhile stops it
         process.start(timeout=60)
+        if turns:  # where a step's "kill the turn worker" aims
+            self.ledger.client.set(chaos_app.TURN_WORKER, process.pid)
 
     def supervise(self) -> None:
         """Restart a worker that died (whole-worker kills)."""
@@ -346,6 +505,9 @@ class Chaos:
                 if worker is not None and worker.process is not None:
                     if worker.process.poll() is None:
                         continue
+                    if slot == self.turn_slot:
+                        with self.lock:
+                            self.dead_turn_pids.add(worker.process.pid)
                     worker.process = None
                 down.setdefault(slot, time.monotonic())
                 try:
@@ -355,6 +517,7 @@ class Chaos:
                     continue
                 with self.lock:
                     self.restarts += 1
+                    self.turn_restarts += slot == self.turn_slot
                     self.longest_down = max(self.longest_down, time.monotonic() - down[slot])
                 del down[slot]
 
@@ -397,6 +560,8 @@ class Chaos:
         for worker in self.workers:
             if worker is not None:
                 worker.stop(timeout=15)
+        if self.client is not None:
+            self.client.store.client.close()
         if self.saga is not None:
             self.saga.store.client.close()
             if self.saga._records is not None:
@@ -421,6 +586,8 @@ class Chaos:
         run_id = f"s{self.args.seed}r{index:04d}"
         drive = Drive(index, run_id, plan)
         started = time.monotonic()
+        if "hosted" in plan:
+            return self.drive_hosted(drive, started)
         try:
             if plan["faults"]:
                 from tests.reliability.chaos_app import plan_key
@@ -466,6 +633,43 @@ class Chaos:
                     except (RunEndedError, StepsInFlightError) as exc:
                         drive.action = f"finish refused: {type(exc).__name__}"
             self._wait_end(run)
+        except Exception as exc:
+            drive.errors.append(f"agent: {type(exc).__name__}: {exc}")
+            if self.args.verbose:
+                traceback.print_exc()
+        finally:
+            drive.elapsed = time.monotonic() - started
+        return drive
+
+    def drive_hosted(self, drive: Drive, started: float) -> Drive:
+        """Enqueue a hosted run (as a web app would) and wait for its end; then read what each
+        step told the model from its record."""
+        from saga.model import StepState
+        from tests.reliability.chaos_app import AGENT, plan_key
+
+        plan, run_id = drive.plan, drive.run_id
+        try:
+            if plan["faults"]:
+                faults = {k: json.dumps(v) for k, v in plan["faults"].items()}
+                self.ledger.client.hset(plan_key(run_id), mapping=faults)
+            deadline = HOSTED_DEADLINE if plan["deadline"] == "long" else SHORT_DEADLINE
+            script = json.dumps(hosted_script(run_id, plan))
+            if self.client.enqueue_run(AGENT, script, run_id=run_id, deadline=deadline) != run_id:
+                drive.errors.append("enqueue_run returned another run id")
+            drive.action = "enqueued"
+            limit = time.monotonic() + 2 * self.args.step_timeout
+            while not self.stop.is_set() and time.monotonic() < limit:
+                if self.saga.picture(run_id).state.ended:
+                    drive.action = "ended"
+                    break
+                time.sleep(0.1)
+            for step in self.saga.picture(run_id).steps:
+                if step.state is StepState.SUCCEEDED:
+                    drive.seen[step.step] = ("ok", step.result)
+                elif step.state in (StepState.FAILED, StepState.REJECTED):
+                    drive.seen[step.step] = ("failed", (step.error or {}).get("message", ""))
+                elif step.state is StepState.IN_DOUBT:
+                    drive.seen[step.step] = ("in_doubt", "")
         except Exception as exc:
             drive.errors.append(f"agent: {type(exc).__name__}: {exc}")
             if self.args.verbose:
@@ -525,8 +729,10 @@ class Chaos:
 
     def _broker_busy(self) -> bool:
         """Messages queued, or delivered and not yet acknowledged (kombu's Redis keys)."""
+        from saga.constants import TURN_QUEUE
+
         client = self.saga.store.client
-        return bool(client.llen("celery") or client.hlen("unacked"))
+        return bool(client.llen("celery") or client.llen(TURN_QUEUE) or client.hlen("unacked"))
 
 
 # -- checks -----------------------------------------------------------------------------------
@@ -547,9 +753,12 @@ class Findings:
         self.note_examples.setdefault(what, f"{drive.run_id} [{drive.plan['kind']}]: {detail}")
 
 
-def check(saga: Any, ledger: Any, drives: list[Drive]) -> tuple[Findings, dict[str, Any]]:
+def check(
+    saga: Any, ledger: Any, drives: list[Drive], dead_turn_pids: set[int] | None = None
+) -> tuple[Findings, dict[str, Any]]:
     """Every invariant, from the ledger; the saga's records are only read to see what a person
-    would be told (escalations) and how each run ended."""
+    would be told (escalations) and how each run ended. ``dead_turn_pids``: the turn workers
+    that died (killed) during the run."""
     from saga.model import CompensationState
     from tests.reliability import chaos_app
 
@@ -566,8 +775,11 @@ def check(saga: Any, ledger: Any, drives: list[Drive]) -> tuple[Findings, dict[s
     by_run: dict[str, dict[str, dict[str, Any]]] = {}
     for key, record in applied.items():
         by_run.setdefault(record["run"], {})[key] = record
+    hosted: Counter[str] = Counter()
     for drive in drives:
         _check_run(saga, drive, by_run.get(drive.run_id, {}), escalations, findings)
+        if "hosted" in drive.plan:
+            _check_hosted(saga, drive, dead_turn_pids or set(), findings, hosted)
         for error in drive.errors:
             findings.violation(drive, error)
     comps: Counter[str] = Counter()
@@ -584,8 +796,149 @@ def check(saga: Any, ledger: Any, drives: list[Drive]) -> tuple[Findings, dict[s
         "compensations_done": comps[CompensationState.DONE.value],
         "compensations_failed": comps[CompensationState.FAILED.value],
         "reconciled": reconciled,
+        "hosted": dict(hosted),
     }
     return findings, figures
+
+
+def _check_hosted(
+    saga: Any, drive: Drive, dead: set[int], findings: Findings, figures: Counter[str]
+) -> None:
+    """A hosted run's turns, against the policy's own count of its calls (``chaos_app``):
+
+    - each turn whose answer was recorded was asked exactly once, plus once for every earlier
+      call made in a turn worker that was killed before the answer was kept (the plan's kills
+      inside the model call, or a kill of the whole turn worker meant for another run): the
+      recorded answer is the last call's, and every call before it was made by a dead pid;
+    - a turn asked without a recorded answer is the one the model gave up at, or one whose
+      every asker died (the run then ended without it);
+    - each answer is the script's; each call in it got at most one step, the step its place
+      in the script says, except the irreversible call asked for too early, which got none and
+      was refused; in a completed run every call was refused or dispatched;
+    - the loop's own counters agree with the policy's: ``<k>:asked`` and ``model_calls``
+      count the same calls (more only where a turn worker died between the loop counting a
+      call and the policy being called), and the SQL transcript holds the recorded turns.
+    """
+    from saga.agents.turn_state import LoopState
+    from saga.model import RunState
+    from tests.reliability import chaos_app
+
+    plan, run_id = drive.plan, drive.run_id
+    picture = saga.picture(run_id)
+    state = LoopState.parse(picture.agent)
+    if state is None:
+        findings.violation(drive, "hosted run without its loop's state")
+        return
+    script = chaos_app.script_turns(hosted_script(run_id, plan))
+    client = chaos_app.ledger().client
+    last_turn = len(script) + 1
+    calls: dict[int, int] = {}
+    askers: dict[int, list[tuple[int, int]]] = {}
+    for k in range(1, last_turn + 2):
+        count = int(client.get(chaos_app.model_calls_key(run_id, k)) or 0)
+        log = [e.split() for e in client.lrange(chaos_app.model_log_key(run_id, k), 0, -1)]
+        if count:
+            calls[k] = count
+            askers[k] = [(int(pid), int(asked)) for pid, asked in log]
+        if count != len(log):
+            findings.violation(drive, f"turn {k}: {count} model calls counted, {len(log)} logged")
+    gave_up = {int(k): why for k, why in client.hgetall(chaos_app.gave_up_key(run_id)).items()}
+    figures["runs"] += 1
+    figures["turns"] += len(state.answers)
+    figures["model_calls"] += sum(calls.values())
+    # 1. At most one model call per turn whose answer was recorded (kills accounted for).
+    answered = sorted(state.answers)
+    if answered != list(range(1, len(answered) + 1)):
+        findings.violation(drive, f"answers recorded for turns {answered}")
+    for k in sorted(set(calls) | set(answered)):
+        count, log = calls.get(k, 0), askers.get(k, [])
+        answer = state.answers.get(k)
+        if answer is not None:
+            won = int(answer.raw.get("call", 0))
+            if count == 0:
+                findings.violation(drive, f"turn {k}: an answer recorded, no model call counted")
+            elif won != count:
+                findings.violation(
+                    drive,
+                    f"turn {k}: the model was asked {count} times, the answer recorded is call "
+                    f"{won}'s (asked again after it was recorded)",
+                )
+            earlier = log[: max(won - 1, 0)]
+        else:
+            ended_here = k == len(answered) + 1
+            if not ended_here:
+                findings.violation(drive, f"turn {k} asked, no answer, turns after it asked")
+            earlier = log if k not in gave_up else log[:-1]
+            if k in gave_up and not ended_here:
+                findings.violation(drive, f"the model gave up at turn {k}, yet the run went on")
+        alive = [pid for pid, _ in earlier if pid not in dead]
+        if alive:
+            findings.violation(
+                drive,
+                f"turn {k}: the model was asked {count} times; the earlier call(s) were made by "
+                f"turn worker(s) {alive}, which did not die: a second model call",
+            )
+        figures["repeated_after_kill"] += len(earlier)
+        # The loop's own count: one per policy call, plus any delivery that died in between.
+        asked = state.asked.get(k, 0)
+        if asked < count:
+            findings.violation(
+                drive, f"turn {k}: the loop counted {asked} asks, the policy {count}"
+            )
+        elif asked > count:
+            findings.note(drive, "ask counted, asker died first", f"turn {k}: {asked} vs {count}")
+        seen_asked = [a for _, a in log]
+        if seen_asked != sorted(set(seen_asked)):
+            findings.violation(drive, f"turn {k}: the loop's ask counts seen {seen_asked}")
+    if state.model_calls != sum(state.asked.values()):
+        findings.violation(
+            drive, f"model_calls {state.model_calls}, asks per turn {dict(state.asked)}"
+        )
+    # 2. Each answer is the script's; each call got at most one step, the one it should.
+    per_call = Counter(s.call for s in picture.steps if s.call)
+    for marker, count in sorted(per_call.items()):
+        if count > 1:
+            findings.violation(drive, f"call {marker} dispatched {count} times")
+    for s in picture.steps:
+        if not s.call:
+            findings.violation(drive, f"step {s.step} ({s.tool}) has no call marker")
+    steps = {s.call: s for s in picture.steps if s.call}
+    for k, answer in sorted(state.answers.items()):
+        wanted = script[k - 1] if k <= len(script) else []
+        got = [(c.name, c.arguments) for c in answer.calls]
+        if got != [(c["tool"], c["args"]) for c in wanted]:
+            findings.violation(drive, f"turn {k}: answer {got}, the script says {wanted}")
+            continue
+        for i, call in enumerate(wanted):
+            step = steps.get(f"{k}:{i}")
+            refused = (k, i) in state.refused
+            if call["step"] is None:
+                figures["early_refused"] += refused
+                if step is not None:
+                    findings.violation(drive, f"early {call['tool']} (call {k}:{i}) dispatched")
+                elif not refused and picture.state is RunState.COMPLETED:
+                    findings.violation(drive, f"early {call['tool']} (call {k}:{i}) not refused")
+            elif step is not None and step.step != call["step"]:
+                findings.violation(drive, f"call {k}:{i} is step {step.step}, not {call['step']}")
+            elif step is None and picture.state is RunState.COMPLETED:
+                findings.violation(drive, f"call {k}:{i} ({call['tool']}) skipped, run completed")
+    # 3. How it ended agrees with the script.
+    if picture.state is RunState.COMPLETED:
+        if answered != list(range(1, last_turn + 1)) or state.answers[last_turn].calls:
+            findings.violation(drive, f"completed after turns {answered} of {last_turn}")
+        if gave_up:
+            findings.violation(drive, f"completed, yet the model gave up ({gave_up})")
+    record = saga.records.transcript(run_id)
+    if record is None:
+        findings.violation(drive, "no transcript record")
+    else:
+        turns = record.transcript.get("turns", [])
+        if [t["turn"] for t in turns] != answered or record.model_calls != state.model_calls:
+            findings.violation(
+                drive,
+                f"transcript record: turns {[t['turn'] for t in turns]}, model calls "
+                f"{record.model_calls}; the loop: turns {answered}, {state.model_calls} calls",
+            )
 
 
 def _check_run(
@@ -662,7 +1015,10 @@ def _check_run(
             findings.note(drive, "convergent write kept, not listed", f"step {step}")
     # 5. What the agent was told matches the world.
     for step, (status, value) in drive.seen.items():
-        tool = tools[step]
+        tool = tools.get(step)
+        if tool is None:
+            findings.violation(drive, f"step {step} ran, the plan has {len(tools)} steps")
+            continue
         if status != "ok" or tool not in WRITES:
             continue
         found = forward.get(step)
@@ -764,6 +1120,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=2, help="pool processes per worker")
+    parser.add_argument(
+        "--hosted-share", type=float, default=0.25, help="share of the runs that are hosted"
+    )
+    parser.add_argument("--turn-concurrency", type=int, default=20, help="turn worker threads")
     parser.add_argument("--parallel", type=int, default=8, help="runs driven at a time")
     parser.add_argument(
         "--deadline", type=int, default=LONG_DEADLINE, help="most runs' deadline (s), for reaping"
@@ -780,8 +1140,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tests.reliability import chaos_app
+
     args = parse(argv)
-    plans = make_plans(args.runs, args.seed)
+    plans = make_plans(args.runs, args.seed, args.hosted_share)
     kinds = Counter(p["kind"] for p in plans)
     print(f"chaos: seed {args.seed}, {args.runs} runs, plans sha256 {digest(plans)[:16]}")
     thens = Counter(p["kind"] for p in plans if p["then"])
@@ -789,9 +1151,15 @@ def main(argv: list[str] | None = None) -> int:
         "plans: "
         + ", ".join(
             f"{k} {kinds[k]}" + (f" ({thens[k]} then fail)" if thens[k] else "")
-            for k, _ in KINDS
+            for k in dict([*KINDS, *HOSTED_KINDS])
             if kinds[k]
         )
+    )
+    hosted_kinds = Counter(p["kind"] for p in plans if "hosted" in p)
+    print(
+        f"hosted: {sum(hosted_kinds.values())} runs ("
+        + ", ".join(f"{k} {hosted_kinds[k]}" for k, _ in HOSTED_KINDS if hosted_kinds[k])
+        + ")"
     )
     if args.plans_only:
         if args.verbose:
@@ -804,8 +1172,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         chaos.start()
         print(
-            f"started: redis {chaos.redis.port}, {args.workers} workers x {args.concurrency}, "
-            f"{time.monotonic() - started:.1f}s"
+            f"started: redis {chaos.redis.port}, {args.workers} workers x {args.concurrency}"
+            f" and a turn worker x {args.turn_concurrency}, {time.monotonic() - started:.1f}s"
         )
         chaos.start_threads()
         pool = ThreadPoolExecutor(args.parallel, thread_name_prefix="agent")
@@ -818,15 +1186,19 @@ def main(argv: list[str] | None = None) -> int:
             pool.shutdown(wait=True, cancel_futures=True)
         driven = time.monotonic() - started
         run_ids = [d.run_id for d in drives]
-        stuck = chaos.wait_all_ended(run_ids, timeout=60 + VISIBILITY_TIMEOUT + 2 * args.deadline)
+        longest = max(args.deadline, HOSTED_DEADLINE if args.hosted_share > 0 else 0)
+        stuck = chaos.wait_all_ended(run_ids, timeout=60 + VISIBILITY_TIMEOUT + 2 * longest)
         settled = time.monotonic() - started
         chaos.stop_threads()
         for worker in chaos.workers:  # nothing may move while the ledger is read
             if worker is not None:
                 worker.stop(timeout=15)
-        findings, figures = check(chaos.saga, chaos.ledger, drives)
+        findings, figures = check(chaos.saga, chaos.ledger, drives, chaos.dead_turn_pids)
         stats = {k: int(v) for k, v in chaos.ledger.client.hgetall("chaos:stats").items()}
         restarts = chaos.restarts
+        turn_restarts = chaos.turn_restarts
+        turn_kills = chaos.ledger.client.lrange(chaos_app.TURN_KILLS, 0, -1)
+        unplanned = sorted(chaos.dead_turn_pids - {int(k.split()[0]) for k in turn_kills})
         restart_failures = list(chaos.restart_failures)
         longest_down = chaos.longest_down
         reaped = dict(chaos.reaped)
@@ -834,7 +1206,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         chaos.shutdown()
     elapsed = time.monotonic() - started
-    kills = stats.get("kills_child", 0) + stats.get("kills_worker", 0)
+    kills = stats.get("kills_child", 0) + stats.get("kills_worker", 0) + stats.get("kills_turn", 0)
     escalated = findings.states.get("escalated", 0)
     print(
         "runs: "
@@ -844,9 +1216,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"kills: {kills} (pool process {stats.get('kills_child', 0)}, whole worker "
-        f"{stats.get('kills_worker', 0)}; {restarts} worker restarts, each back within "
+        f"{stats.get('kills_worker', 0)}, turn worker {stats.get('kills_turn', 0)}; {restarts} "
+        f"worker restarts ({turn_restarts} of the turn worker), each back within "
         f"{longest_down:.1f}s)"
     )
+    hosted = figures["hosted"]
+    print(
+        f"hosted: {hosted.get('runs', 0)} runs, {hosted.get('turns', 0)} turns recorded, "
+        f"{hosted.get('model_calls', 0)} model calls ({hosted.get('repeated_after_kill', 0)} "
+        f"made again after their turn worker was killed), "
+        f"{hosted.get('early_refused', 0)} early irreversible calls refused"
+    )
+    for pid in unplanned:
+        print(f"turn worker {pid} died without a planned kill")
     for failure in restart_failures:
         print(f"worker restart failed: {failure}")
     print(

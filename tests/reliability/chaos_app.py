@@ -14,17 +14,31 @@ raise, SIGKILL their pool process, or SIGKILL the whole worker (the runner resta
 fault named ``fail:<step>`` / ``kill:<step>`` (``cfail``/``ckill`` for the step's compensation)
 fires on the calls ``nth`` to ``nth + times - 1`` of that run (counted in
 ``chaos:fired:<run_id>``), so a "kill once" lets the redelivered message go through.
+
+Hosted runs play the ``chaos`` agent, whose policy (``chaos_policy``) runs in the turn worker
+(a threads pool on ``saga.turns``). Its script is the run's input: the plan's steps in 2-4
+turns, sometimes with the irreversible call asked for too early (refused, then asked again).
+Every call of the policy is counted per (run, turn) in the ledger (``chaos:model:<run>:<turn>``,
+INCR; ``chaos:model_log:<run>:<turn>`` lists the pid of the process that made each call), so
+the checker can tell a turn asked twice from a turn whose first asker was killed. The plan kills
+the turn worker inside the model call (``tkill:<turn>:in_model_call``, by the policy, after it
+counted the call: the answer is never recorded, so the turn is asked again), and at the turn
+task's fault points (``tkill:<turn>:after_model_answer``, ``tkill:<turn>:between_dispatches``,
+by ``TurnFaults``); a step's ``kill`` with ``turn_worker`` SIGKILLs the whole turn worker from
+outside, whatever turns it is playing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import time
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, current_task
 
 from saga import (
     NonRetryableToolError,
@@ -35,6 +49,10 @@ from saga import (
     ToolRegistry,
     Undo,
 )
+from saga.agents import ModelTurn, ToolCall, Transcript
+from saga.constants import agent_key
+from saga.errors import ModelCallError
+from saga.testing import Faults
 
 #: Prefix of every ledger key.
 PREFIX = "chaos"
@@ -77,6 +95,26 @@ def plan_key(run_id: str) -> str:
 
 def fired_key(run_id: str) -> str:
     return f"{PREFIX}:fired:{run_id}"
+
+
+def model_calls_key(run_id: str, turn: int) -> str:
+    """How often the policy was called for ``turn`` of ``run_id`` (INCR, by the policy)."""
+    return f"{PREFIX}:model:{run_id}:{turn}"
+
+
+def model_log_key(run_id: str, turn: int) -> str:
+    """One entry per policy call: the pid that made it and the loop's own ``asked`` count."""
+    return f"{PREFIX}:model_log:{run_id}:{turn}"
+
+
+def gave_up_key(run_id: str) -> str:
+    return f"{PREFIX}:gave_up:{run_id}"
+
+
+#: The turn worker's pid, written by the runner each time it starts one.
+TURN_WORKER = f"{PREFIX}:turn_worker"
+#: Turn worker kills the plans made: "<pid> <run> <fault>".
+TURN_KILLS = f"{PREFIX}:turn_kills"
 
 
 # One script applies any effect, atomically with its idempotency check and its records.
@@ -195,11 +233,39 @@ class Ledger:
                 raise ChaosFault(f"chaos: failed at {where}")
             if os.environ.get(WORKER_ENV) != "1":  # never kill a process that is not a worker
                 raise ChaosFault(f"chaos: would have killed at {where}")
+            if spec.get("turn_worker"):  # the turn worker dies; this tool goes on
+                self.kill_turn_worker(ctx.run_id, name)
+                continue
             if spec.get("whole_worker"):
                 self.client.hincrby(STATS, "kills_worker", 1)
                 os.killpg(os.getpgid(0), signal.SIGKILL)
             self.client.hincrby(STATS, "kills_child", 1)
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def kill_turn_worker(self, run_id: str, fault: str) -> None:
+        """SIGKILL the turn worker (its whole process group) from outside."""
+        pid = int(self.client.get(TURN_WORKER) or 0)
+        if pid <= 0:
+            return
+        self.client.hincrby(STATS, "kills_turn", 1)
+        self.client.rpush(TURN_KILLS, f"{pid} {run_id} {fault}")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+    def strike_turn(self, run_id: str, turn: int, point: str) -> None:
+        """In the turn worker: kill it if the plan says so at ``point`` of ``turn``."""
+        name = f"tkill:{turn}:{point}"
+        raw = self.client.hget(plan_key(run_id), name)
+        if raw is None or os.environ.get(WORKER_ENV) != "1":
+            return
+        spec = json.loads(raw)
+        fired = self.client.hincrby(fired_key(run_id), name, 1)
+        first = int(spec.get("nth", 1))
+        if not first <= fired < first + int(spec["times"]):
+            return
+        self.client.hincrby(STATS, "kills_turn", 1)
+        self.client.rpush(TURN_KILLS, f"{os.getpid()} {run_id} {name}#{fired}")
+        os.kill(os.getpid(), signal.SIGKILL)  # a threads pool: the whole turn worker
 
 
 class ChaosFault(Exception):
@@ -327,3 +393,97 @@ app.conf.broker_transport_options = {
 }
 
 saga = Saga(app, tools)
+
+
+# -- the hosted agent --------------------------------------------------------------------------
+
+AGENT = "chaos"
+HOSTED_TOOLS = ["peek", "tag", "put", "charge", "notify"]
+#: The turn task's own fault points that the plans use (``saga.testing.FAULT_POINTS``).
+TURN_POINTS = ("after_model_answer", "between_dispatches")
+
+
+def script_turns(script: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """The calls the policy asks for, turn by turn: each ``{"tool", "args", "step"}``, where
+    ``step`` is the step number the call must get (None: the irreversible call asked for too
+    early, which must be refused). The checker rebuilds the answers from this too."""
+    turns = [[dict(call) for call in group] for group in script["turns"]]
+    early = script.get("early")
+    if early:
+        notify = next(c for group in turns for c in group if c["tool"] == "notify")
+        turns[early["turn"] - 1].insert(early["at"], {**notify, "step": None})
+    return turns
+
+
+def _current_turn() -> tuple[str, int] | None:
+    """The (run, turn) of the turn task this thread is running, if any."""
+    request = getattr(current_task, "request", None)
+    kwargs = getattr(request, "kwargs", None) or {}
+    if "run_id" not in kwargs or "turn" not in kwargs:
+        return None
+    return str(kwargs["run_id"]), int(kwargs["turn"])
+
+
+def chaos_policy(transcript: Transcript, tools: Any) -> ModelTurn:
+    """The scripted model of hosted chaos runs: plays the run's script (its input), counting
+    each of its calls first; gives up (a fatal model error: the run aborts) where the script
+    says so, or on any error result it did not expect."""
+    script = json.loads(transcript.entries[0].text)  # type: ignore[union-attr]
+    run_id, index = str(script["run"]), len(transcript.turns)
+    turn = index + 1
+    book = ledger()
+    asked = book.client.hget(agent_key(run_id), f"{turn}:asked")
+    with book.client.pipeline(transaction=True) as pipe:
+        pipe.incr(model_calls_key(run_id, turn))
+        pipe.rpush(model_log_key(run_id, turn), f"{os.getpid()} {asked or 0}")
+        calls = int(pipe.execute()[0])
+    playing = _current_turn()
+    if playing is not None and playing != (run_id, turn):
+        book.client.rpush(ANOMALIES, f"policy asked for {run_id} turn {turn} in {playing}")
+    book.strike_turn(run_id, turn, "in_model_call")
+    time.sleep(float(script.get("think", 0)))  # a model takes a moment
+    turns = script_turns(script)
+    expected = {c["tool"] for c in turns[index - 1] if c["step"] is None} if index else set()
+    last = transcript.last_turn
+    for call, result in zip(last.calls if last else (), transcript.last_results, strict=False):
+        if result.is_error and call.name not in expected:
+            _give_up(book, run_id, turn, f"{call.name} came back with an error: {result.content}")
+        if not result.is_error and call.name in expected:
+            book.client.rpush(ANOMALIES, f"{run_id} turn {index}: early {call.name} was run")
+    if script.get("give_up") == turn:
+        _give_up(book, run_id, turn, "the model changed its mind")
+    if index == len(turns):
+        return ModelTurn(text="done", raw={"turn": turn, "call": calls})
+    if index > len(turns):
+        book.client.rpush(ANOMALIES, f"{run_id}: turn {turn} asked, the script has {index}")
+        _give_up(book, run_id, turn, "asked past the script's end")
+    return ModelTurn(
+        calls=tuple(
+            ToolCall(f"call_{turn}_{i}", c["tool"], dict(c["args"]))
+            for i, c in enumerate(turns[index])
+        ),
+        raw={"turn": turn, "call": calls},
+        stop_reason="tool_use",
+    )
+
+
+def _give_up(book: Ledger, run_id: str, turn: int, why: str) -> None:
+    book.client.hsetnx(gave_up_key(run_id), str(turn), why)
+    raise ModelCallError(f"chaos: the model gives up at turn {turn}: {why}")
+
+
+class TurnFaults(Faults):
+    """The turn task's fault points, acting on the run's plan (not on ``Faults`` rules)."""
+
+    def __init__(self) -> None:  # no rules in Redis: each run's plan says where to kill
+        pass
+
+    def strike(self, point: str, tool: str) -> None:
+        playing = _current_turn() if point in TURN_POINTS else None
+        if playing is not None:
+            ledger().strike_turn(playing[0], playing[1], point)
+
+
+saga.agent(AGENT, chaos_policy, tools=HOSTED_TOOLS)
+if os.environ.get(WORKER_ENV) == "1":
+    saga.faults = TurnFaults()

@@ -1,9 +1,11 @@
 """The randomised chaos run, inside the test suite.
 
 ``SAGA_CHAOS_RUNS`` (default 200) runs of 4-6 steps with random kill points across two
-workers, seeded by ``SAGA_CHAOS_SEED`` (default 1): no invariant may break. The run is a
-subprocess (``python -m tests.reliability.chaos``) that owns its Redis and workers and stops
-them itself, also when it is told to stop (SIGTERM) on a timeout.
+workers, seeded by ``SAGA_CHAOS_SEED`` (default 1): no invariant may break. A few of them
+(``SAGA_CHAOS_HOSTED_SHARE``, default 0.03: four runs of seed 1's 200) are hosted agent runs
+on a turn worker that the plans kill mid-turn; ``make chaos`` runs a quarter of them hosted.
+The run is a subprocess (``python -m tests.reliability.chaos``) that owns its Redis and
+workers and stops them itself, also when it is told to stop (SIGTERM) on a timeout.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tests.conftest import ROOT, service_missing
 
 RUNS = int(os.environ.get("SAGA_CHAOS_RUNS", "200"))
 SEED = int(os.environ.get("SAGA_CHAOS_SEED", "1"))
+HOSTED_SHARE = float(os.environ.get("SAGA_CHAOS_HOSTED_SHARE", "0.03"))
 #: 200 runs take about a minute on two cores; this bounds a run that hangs.
 BUDGET = 420
 
@@ -34,6 +37,7 @@ def test_chaos_run_breaks_no_invariant(tmp_path: Path) -> None:
     report = tmp_path / "chaos.json"
     command = [sys.executable, "-m", "tests.reliability.chaos"]
     command += ["--runs", str(RUNS), "--seed", str(SEED), "--json", str(report)]
+    command += ["--hosted-share", str(HOSTED_SHARE)]
     process = subprocess.Popen(
         command,
         cwd=ROOT,
@@ -70,3 +74,5 @@ def test_chaos_run_breaks_no_invariant(tmp_path: Path) -> None:
     assert figures["figures"]["undo_applications"] > 0
     assert figures["figures"]["compensations_done"] > 0
     assert set(figures["states"]) <= {"completed", "compensated", "escalated"}
+    if HOSTED_SHARE >= 0.03:
+        assert figures["figures"]["hosted"]["runs"] > 0
