@@ -10,14 +10,18 @@ from saga.errors import (
     CallRefusedError,
     CompensationBuildError,
     ConfigurationError,
+    DatabaseSchemaError,
     DispatchError,
+    EscalationResolvedError,
     FaultInjectionDisabledError,
     InjectedFaultError,
     InvalidArgumentsError,
+    InvalidCorrectionError,
     InvalidRunIdError,
     InvalidRunOptionError,
     NonRetryableToolError,
     NothingToRequeueError,
+    OperationRefusedError,
     PayloadError,
     RunEndedError,
     RunExistsError,
@@ -31,6 +35,7 @@ from saga.errors import (
     ToolDefinitionError,
     ToolNotOfferedError,
     ToolRejected,
+    UnknownEscalationError,
     UnknownRunError,
     UnknownToolError,
     WaitTimeoutError,
@@ -39,7 +44,7 @@ from saga.hooks import SagaHooks
 from saga.model import CompensationState, RunState, StepContext, StepState, ToolClass, Undo
 from saga.picture import CompensationRecord, RunPicture, StepRecord
 from saga.reaper import ReapReport
-from saga.records import EscalationRecord, RecordStore, RunRecord
+from saga.records import ActionRecord, EscalationRecord, RecordStore, RunRecord
 from saga.retry import RetryPolicy
 from saga.runs import Run, StepHandle
 from saga.settings import Settings
@@ -61,6 +66,7 @@ __all__ = [
     "Settings",
     "StepHandle",
     # What a run looks like
+    "ActionRecord",
     "CompensationRecord",
     "CompensationState",
     "EscalationRecord",
@@ -75,14 +81,18 @@ __all__ = [
     "CallRefusedError",
     "CompensationBuildError",
     "ConfigurationError",
+    "DatabaseSchemaError",
     "DispatchError",
+    "EscalationResolvedError",
     "FaultInjectionDisabledError",
     "InjectedFaultError",
     "InvalidArgumentsError",
+    "InvalidCorrectionError",
     "InvalidRunIdError",
     "InvalidRunOptionError",
     "NonRetryableToolError",
     "NothingToRequeueError",
+    "OperationRefusedError",
     "PayloadError",
     "RunEndedError",
     "RunExistsError",
@@ -95,6 +105,7 @@ __all__ = [
     "StoreUnavailableError",
     "ToolDefinitionError",
     "ToolNotOfferedError",
+    "UnknownEscalationError",
     "UnknownRunError",
     "UnknownToolError",
     "WaitTimeoutError",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, chain
@@ -25,7 +26,6 @@ from saga.constants import (
 )
 from saga.errors import (
     DispatchError,
-    NothingToRequeueError,
     PayloadError,
     RunEndedError,
     RunExistsError,
@@ -103,7 +103,9 @@ class Saga:
         """Created on first use, so importing the app never touches the database."""
         with self._records_lock:
             if self._records is None:
-                self._records = RecordStore(self.settings.database_url)
+                self._records = RecordStore(
+                    self.settings.database_url, upgrade=self.settings.database_auto_upgrade
+                )
             return self._records
 
     # -- hosted agents --------------------------------------------------------------------
@@ -415,7 +417,7 @@ class Saga:
         if not picture.state.ended:
             return
         escalation = self.records.record_outcome(picture)
-        if escalation is not None:
+        if escalation is not None and not escalation.resolved:  # resolved: nobody to tell
             self.escalated(escalation)
         self._call_hook(self.hooks.on_run_ended, picture, picture.state.value, picture.reason)
         if self.store.mark_recorded(run_id, picture.version):
@@ -458,28 +460,30 @@ class Saga:
         if view is not None and view.state.ended:
             self.record_end(run_id)
 
-    def requeue_failed_compensations(self, run_id: str) -> int:
+    def requeue_failed_compensations(
+        self,
+        run_id: str,
+        *,
+        corrections: Mapping[int, Mapping[str, Any]] | None = None,
+        by: str = "",
+    ) -> int:
         """Run an escalated run's failed compensations again (after someone fixed the cause),
-        each with a fresh retry budget. Returns how many are sent."""
-        head = self.store.head(run_id)
-        if head is None:
-            raise UnknownRunError(f"no run {run_id} (it may have expired after its retention)")
-        # Under the reaper's eye first: a chain that is never sent is resumed, not forgotten.
-        self.store.schedule(run_id, self.store.now() + head.deadline)
-        outcome = self.store.requeue(run_id)
-        if outcome.status == "unknown":
-            raise UnknownRunError(f"no run {run_id} (it may have expired after its retention)")
-        if outcome.status != "ok":
-            raise NothingToRequeueError(
-                f"run {run_id} is {outcome.values[0]} and has no failed compensation to requeue"
-            )
-        owner, count = str(outcome.values[0]), int(outcome.values[1])
-        if not self.start_unwind(run_id, owner):
-            raise DispatchError(
-                f"run {run_id} is requeued, but the broker did not take its unwind: the reaper "
-                "sends it at the run's deadline (nothing to do again)"
-            )
-        return count
+        newest first, each with its idempotency key and a fresh retry budget; returns how many
+        are sent. ``corrections``: step -> arguments merged into that step's undo first,
+        checked against its tool (``InvalidCorrectionError`` before anything runs); recorded
+        with ``by``. Works from the SQL record once the run's keys have expired
+        (``saga.operations``)."""
+        from saga.operations import requeue
+
+        return requeue(self, run_id, corrections or {}, by)
+
+    def resolve_escalation(self, escalation_id: str, *, note: str, by: str) -> EscalationRecord:
+        """Close an escalation by hand ("refunded by phone"), recorded with who and when; the
+        run then refuses a requeue. ``UnknownEscalationError`` / ``EscalationResolvedError``
+        for an id that is not open."""
+        from saga.operations import resolve
+
+        return resolve(self, escalation_id, note=note, by=by)
 
     def encode_effect(
         self, tool: Tool, run_id: str, step: int, args: dict[str, Any], result: Any

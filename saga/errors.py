@@ -148,8 +148,39 @@ class FaultInjectionDisabledError(SagaError):
     """Fault injection was asked for without being explicitly enabled (SAGA_TESTING_FAULTS=1)."""
 
 
-class NothingToRequeueError(SagaError):
+class OperationRefusedError(SagaError):
+    """An operator's requeue or resolve was refused and changed nothing (the message says why)."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_refused, (type(self), str(self), self.retryable))
+
+
+def _refused(cls: type[OperationRefusedError], message: str, retryable: bool) -> SagaError:
+    return cls(message, retryable=retryable)
+
+
+class NothingToRequeueError(OperationRefusedError):
     """``requeue_failed_compensations`` found no failed compensation to run again."""
+
+
+class InvalidCorrectionError(OperationRefusedError):
+    """A requeue's correction names no failed undo, or its compensation tool refuses it."""
+
+
+class UnknownEscalationError(OperationRefusedError):
+    """No escalation with this id is recorded."""
+
+
+class EscalationResolvedError(OperationRefusedError):
+    """The escalation is closed (resolved by a person, superseded or compensated already)."""
+
+
+class DatabaseSchemaError(SagaError):
+    """The records database's schema is behind this version of saga (run ``saga db upgrade``)."""
 
 
 class StepInDoubtError(SagaError):

@@ -3,7 +3,8 @@
 Each check names a guarantee: JSON only (a pickle message is code execution), acks late (a
 step is acknowledged only once its outcome and undo are recorded), a time limit, and a
 visibility timeout above every tool's longest retry delay plus that time limit (or Redis hands
-a running step to a second worker), and a Redis that never evicts (the stack is workflow state).
+a running step to a second worker), a Redis that never evicts (the stack is workflow state),
+and a records database whose schema is not behind the code.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from dataclasses import replace
 from typing import Any
 
 import redis
+from sqlalchemy.exc import SQLAlchemyError
 
+from saga.errors import DatabaseSchemaError
+from saga.records import migrations
 from saga.retry import RetryPolicy
+from saga.settings import Settings
 
 logger = logging.getLogger("saga.guard")
 
@@ -53,6 +58,23 @@ def configuration_problems(
     for store in stores:
         problems += _eviction_problems(store)
     return problems
+
+
+def records_schema_problems(settings: Settings) -> list[str]:
+    """Bring the records' schema to head before the pool starts (once per worker rather than
+    once per pool child), or only check it with ``SAGA_DB_AUTO_UPGRADE=0``. A schema behind
+    the code never heals by itself: refuse. A database that does not answer is no reason to:
+    runs are recorded once it does (the reaper retries)."""
+    try:
+        if settings.database_auto_upgrade:
+            migrations.upgrade(settings.database_url)
+        else:
+            migrations.check(settings.database_url)
+    except DatabaseSchemaError as exc:
+        return [str(exc)]
+    except SQLAlchemyError as exc:
+        logger.warning("saga: the records database did not answer at start-up: %s", exc)
+    return []
 
 
 def longest_retry_delay(policy: RetryPolicy) -> float:

@@ -6,11 +6,16 @@ the same snapshot, taken at one version of the run.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from saga import payload
 from saga.model import CompensationState, RunState, StepState, ToolClass
+
+#: The run hash's field holding the requeue that made generation N (by, corrections); its
+#: time and count sit beside it (``requeue:N:at``, ``requeue:N:count``).
+_REQUEUE_FIELD = re.compile(r"requeue:(\d+)")
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,14 @@ class RunPicture:
     #: A hosted agent's loop, as stored (``saga.constants.agent_key``); empty for a run driven
     #: by ``run.call``. ``saga.agents.turn_state`` reads it.
     agent: dict[str, str] = field(default_factory=dict)
+    #: Requeues made since the run's keys were created (or rebuilt from its record), oldest
+    #: first: ``{"kind": "requeue", "generation", "by", "at", "count", "corrections"}``. They
+    #: live here so they reach SQL with the run's record even if writing them at once failed.
+    actions: tuple[dict[str, Any], ...] = ()
+    #: A person's resolution of the current escalation (``by``, ``note``, ``escalation_id``,
+    #: ``at``), only while the run is still at the version it was resolved at: an effect that
+    #: lands later reopens the escalation.
+    resolution: dict[str, Any] | None = None
 
     def step(self, number: int) -> StepRecord:
         return next(s for s in self.steps if s.step == number)
@@ -142,7 +155,129 @@ def picture_from(
         cause=run.get("cause", ""),
         recorded=run.get("recorded") == "1",
         agent=dict(agent or {}),
+        actions=_actions_from(run),
+        resolution=_resolution_from(run),
     )
+
+
+def _actions_from(run: dict[str, str]) -> tuple[dict[str, Any], ...]:
+    actions = []
+    for name, value in run.items():
+        matched = _REQUEUE_FIELD.fullmatch(name)
+        if matched is None:
+            continue
+        generation = int(matched[1])
+        actions.append(
+            {
+                "kind": "requeue",
+                "generation": generation,
+                **payload.loads(value),
+                "at": float(run.get(f"{name}:at") or 0),
+                "count": int(run.get(f"{name}:count") or 0),
+            }
+        )
+    return tuple(sorted(actions, key=lambda a: int(a["generation"])))
+
+
+def _resolution_from(run: dict[str, str]) -> dict[str, Any] | None:
+    if not run.get("resolved") or run["resolved"] != run.get("version"):
+        return None
+    return {**payload.loads(run["resolution"]), "at": float(run["resolved_at"])}
+
+
+def hashes_of(
+    picture: RunPicture,
+) -> tuple[dict[str, str], dict[str, str], list[str], dict[str, str]]:
+    """The run's hash, steps hash, stack and compensations hash as ``picture_from`` reads them
+    back: what rebuilding a run from its SQL record writes to Redis. The inverse of
+    ``picture_from`` for everything but the in-flight set and the agent's hash (an ended run
+    has nothing in flight, and a hosted run's transcript stays in SQL)."""
+    steps: dict[str, str] = {}
+    for s in picture.steps:
+        n = s.step
+        steps.update(
+            {
+                f"{n}:tool": s.tool,
+                f"{n}:class": str(int(s.tool_class)),
+                f"{n}:args": _json(s.args),
+                f"{n}:state": s.state.value,
+                f"{n}:attempts": str(s.attempts),
+            }
+        )
+        optional = {
+            "result": None if s.result is None else _json(s.result),
+            "error": None if s.error is None else _json(s.error),
+            "reconciled": s.reconciled,
+            "started": _time(s.started),
+            "lease": _time(s.lease),
+            "landed": s.landed,
+            "call": s.call,
+        }
+        steps.update({f"{n}:{k}": v for k, v in optional.items() if v})
+        if s.call:
+            steps[f"call:{s.call}"] = str(n)
+    comps: dict[str, str] = {}
+    for c in picture.compensations:
+        n = c.step
+        comps.update(
+            {
+                f"{n}:entry": _json(c.entry),
+                f"{n}:state": c.state.value,
+                f"{n}:attempts": str(c.attempts),
+                f"{n}:round_start": str(c.round_start),
+                f"{n}:history": _json(c.history),
+            }
+        )
+        optional = {
+            "error": None if c.error is None else _json(c.error),
+            "at": _time(c.settled_at),
+            "task_id": c.task_id,
+            "lease": _time(c.lease),
+            "errors": _json(c.errors) if c.errors else "",
+        }
+        comps.update({f"{n}:{k}": v for k, v in optional.items() if v})
+    # A stack entry is the very string its compensation holds: the done script removes it by
+    # value (LREM), so the two must match byte for byte.
+    stack = [comps.get(f"{e['step']}:entry") or _json(e) for e in picture.stack]
+    run = {
+        "state": picture.state.value,
+        "version": picture.version or "0",
+        "next_step": str(max((s.step for s in picture.steps), default=0)),
+        "pivot": "" if picture.pivot_step is None else str(picture.pivot_step),
+        "reason": picture.reason,
+        "cause": picture.cause,
+        "owner": picture.extra.get("owner", ""),
+        "sent": picture.extra.get("sent", "0"),
+        "generation": picture.extra.get("generation", "0"),
+        "created": repr(picture.created),
+        "updated": repr(picture.updated),
+        "ended": _time(picture.ended),
+        "allow_after_pivot": "0",
+        "deadline": repr(picture.deadline),
+        "doubt": picture.doubt,
+        "recorded": "1" if picture.recorded else "",
+    }
+    for action in picture.actions:
+        name = f"requeue:{action['generation']}"
+        run[name] = _json({"by": action["by"], "corrections": action["corrections"]})
+        run[f"{name}:at"] = repr(float(action["at"]))
+        run[f"{name}:count"] = str(action["count"])
+    if picture.resolution is not None:
+        kept = {k: v for k, v in picture.resolution.items() if k != "at"}
+        run.update(
+            resolved=run["version"],
+            resolution=_json(kept),
+            resolved_at=repr(float(picture.resolution["at"])),
+        )
+    return run, steps, stack, comps
+
+
+def _json(value: Any) -> str:
+    return payload.dumps(value, what="record", limit=1 << 62)
+
+
+def _time(moment: float | None) -> str:
+    return "" if moment is None else repr(moment)
 
 
 def _number(fields: dict[str, str], name: str) -> float | None:

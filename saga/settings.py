@@ -25,6 +25,17 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
 
 
+def _env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1 or 0, got {raw!r}")
+
+
 @dataclass(frozen=True)
 class Settings:
     #: Redis holding the compensation stacks (workflow state, so never an evicting instance).
@@ -47,6 +58,10 @@ class Settings:
     #: How long a worker keeps retrying to record a step whose effect happened while the
     #: stack's Redis is unreachable (keep it below the task time limit).
     store_outage_patience: float = 30.0
+    #: Whether opening the records database brings its schema to this version's head (every
+    #: worker may: it is idempotent and locked). Off, it is only checked, and a database behind
+    #: refuses to open: for deployments that run ``saga db upgrade`` as a one-shot step.
+    database_auto_upgrade: bool = True
     #: Extra Redis client options (e.g. TLS certificates).
     redis_options: dict[str, object] = field(default_factory=dict)
     #: Who is told of escalations besides the ERROR log (``SAGA_NOTIFY_*``).
@@ -81,6 +96,7 @@ class Settings:
             ),
             run_deadline_seconds=_env_int("SAGA_RUN_DEADLINE", cls.run_deadline_seconds),
             max_redeliveries=_env_int("SAGA_MAX_REDELIVERIES", cls.max_redeliveries),
+            database_auto_upgrade=_env_flag("SAGA_DB_AUTO_UPGRADE", cls.database_auto_upgrade),
             redis_options=redis_options,
             notifications=NotifySettings.from_env(),
         )

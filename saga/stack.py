@@ -8,9 +8,10 @@ message replays instead of re-executing.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -31,7 +32,14 @@ from saga.constants import (
 from saga.errors import ConfigurationError, StoreUnavailableError
 from saga.machine import lua_tables
 from saga.model import RunState, ToolClass
-from saga.picture import CompensationRecord, RunPicture, RunView, StepRecord, picture_from
+from saga.picture import (
+    CompensationRecord,
+    RunPicture,
+    RunView,
+    StepRecord,
+    hashes_of,
+    picture_from,
+)
 
 if TYPE_CHECKING:
     from saga.rules import CallGate
@@ -66,6 +74,8 @@ _SCRIPTS = (
     "conclude",
     "mark_recorded",
     "requeue",
+    "resolve",
+    "restore",
     "mark_in_doubt",
     "resolve_in_doubt",
     "take_over",
@@ -382,8 +392,36 @@ class RunStore:
     def mark_recorded(self, run_id: str, version: str) -> bool:
         return self._call("mark_recorded", run_id, version, self.retention_seconds).status == "ok"
 
-    def requeue(self, run_id: str) -> Outcome:
-        return self._call("requeue", run_id)
+    def requeue(
+        self,
+        run_id: str,
+        corrections: Mapping[int, str] | None = None,
+        version: str = "",
+        action: str = "{}",
+    ) -> Outcome:
+        """Reopen an escalated run's failed compensations: ``ok`` with the new owner and how
+        many; ``refused`` / ``unknown`` / ``resolved`` (a person closed it) having changed
+        nothing. ``corrections``: step -> its corrected undo entry (JSON), applied only if the
+        run is still at ``version`` (``moved`` otherwise) and every one of them names a
+        compensation the requeue runs again (``uncorrectable`` with the step otherwise).
+        ``action`` (JSON: who, what they corrected) is kept with the run for its record."""
+        encoded = json.dumps({str(n): e for n, e in (corrections or {}).items()})
+        return self._call("requeue", run_id, encoded if corrections else "", version, action)
+
+    def resolve(self, run_id: str, generation: int, resolution: str) -> Outcome:
+        """Mark the run's escalation of ``generation`` resolved by a person (``resolution``:
+        JSON). ``ok``; ``unknown`` (no keys); ``state`` (not escalated: a requeue runs, or it
+        ended otherwise); ``stale`` (a later generation); ``resolved`` (already, with the
+        resolution and when)."""
+        return self._call("resolve", run_id, str(generation), resolution)
+
+    def restore(self, picture: RunPicture) -> bool:
+        """Rebuild an ended run's keys from ``picture`` (its SQL record), expiring after the
+        retention period; False (nothing written) if any of its keys exist."""
+        run, steps, stack, comps = hashes_of(picture)
+        documents = (json.dumps(part, ensure_ascii=False) for part in (run, steps, stack, comps))
+        outcome = self._call("restore", picture.run_id, *documents, self.retention_seconds)
+        return outcome.status == "ok"
 
     def record_answer(
         self, run_id: str, turn: int, answer_json: str, input_tokens: int, output_tokens: int

@@ -39,7 +39,7 @@ from saga.errors import (
     StoreUnavailableError,
     ToolRejected,
 )
-from saga.guard import configuration_problems
+from saga.guard import configuration_problems, records_schema_problems
 from saga.model import StepContext, ToolClass
 from saga.notifications import task as notify_task
 from saga.reaper import mark_in_doubt, reconcile
@@ -91,6 +91,8 @@ def install(app: Celery, saga: Saga) -> None:
     def refuse_unsafe_configuration(sender: Any = None, **_: Any) -> None:
         try:
             problems = guard_problems(saga)
+            # Only here, not in guard_problems: ``saga doctor`` asks that, and must not migrate.
+            problems += records_schema_problems(saga.settings)
         except Exception as exc:  # a guard that cannot look must not wave the worker through
             problems = [f"the configuration could not be checked: {exc!r}"]
         if faults_enabled():

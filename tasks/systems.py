@@ -450,6 +450,16 @@ def set_ticket_status(ticket_id: int, status: str, idempotency_key: str) -> Reco
         return result
 
 
+def renumber_ticket(ticket_id: int, new_id: int) -> None:
+    """A helpdesk migration moved the ticket to a new number: an undo that captured the old
+    one now fails until someone corrects it."""
+    with _engine(TICKETS).begin() as conn:
+        this_ticket = _tickets.c.ticket_id == ticket_id
+        if conn.execute(sa.update(_tickets).where(this_ticket).values(ticket_id=new_id)).rowcount:
+            return
+    raise NotFoundError(f"ticket {ticket_id} not found")
+
+
 def ticket_history(ticket_id: int) -> list[Record]:
     """Every status change, so a restored ticket still shows that it was once changed."""
     stmt = sa.select(_history).where(_history.c.ticket_id == ticket_id).order_by(_history.c.id)

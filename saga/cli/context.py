@@ -141,7 +141,10 @@ class Env:
         if self._records is None:
             from saga.records import RecordStore
 
-            self._records = RecordStore(self.settings.database_url)
+            settings = self.settings
+            self._records = RecordStore(
+                settings.database_url, upgrade=settings.database_auto_upgrade
+            )
             self._opened.append(self._records)
         return self._records
 

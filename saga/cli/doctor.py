@@ -23,6 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from saga.cli.context import DEFAULT_APP, Env, ExitCode, Failure, emit_json, mask
 from saga.constants import TURN_QUEUE
+from saga.errors import DatabaseSchemaError
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -198,31 +199,24 @@ def _database_checks(url: str) -> list[Check]:
     checks = [Check("database", "ok", f"{mask(url)} answers")]
     missing = [t for t in _RECORD_TABLES if t not in tables]
     if missing:
-        detail = f"no {', '.join(missing)} yet (created with the first record a worker writes)"
+        detail = f"no {', '.join(missing)} yet (`saga db upgrade`, or a worker, creates them)"
         checks.append(Check("database tables", "warn", detail))
     checks.append(_probe("migrations", lambda: _migrations(url)))
     return checks
 
 
 def _migrations(url: str) -> Check:
+    from saga.records import migrations
+
+    current, head = migrations.status(url)
+    if current == head:
+        return Check("migrations", "ok", f"at head ({head})")
     try:
-        from saga.records.migrations import status  # type: ignore[import-not-found]
-    except ImportError:
-        return Check("migrations", "warn", "not available in this version")
-    found = status(url)
-    current = _field(found, "up_to_date", "is_current", "current_is_head")
-    if current is False:
-        return Check("migrations", "fail", f"not migrated: {found}")
-    return Check("migrations", "ok" if current else "warn", str(found))
-
-
-def _field(value: Any, *names: str) -> bool | None:
-    """The first of ``names`` that ``value`` has, as an attribute or a key."""
-    for name in names:
-        found = value.get(name) if isinstance(value, dict) else getattr(value, name, None)
-        if isinstance(found, bool):
-            return found
-    return None
+        migrations.check(url)
+    except DatabaseSchemaError:
+        detail = f"at {current or 'no revision'}, head {head}: run `saga db upgrade`"
+        return Check("migrations", "fail", detail)
+    return Check("migrations", "warn", f"at {current}, newer than this version's head {head}")
 
 
 # -- workers, beat, guard ----------------------------------------------------------------------

@@ -11,12 +11,14 @@ from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy.exc import DBAPIError
 
 from saga.cli.context import EXIT_CODES_HELP, Env, ExitCode, Failure, make_console
+from saga.cli.db import db
 from saga.cli.doctor import doctor
 from saga.cli.escalations import escalation, escalations
 from saga.cli.operate import reap, requeue, resolve
 from saga.cli.runs import runs, show
 from saga.errors import (
     ConfigurationError,
+    DatabaseSchemaError,
     InvalidRunIdError,
     StoreUnavailableError,
     UnknownRunError,
@@ -34,6 +36,8 @@ class _Saga(click.Group):
             raise Failure(str(exc), ExitCode.NOT_FOUND) from exc
         except InvalidRunIdError as exc:
             raise Failure(str(exc), ExitCode.USAGE) from exc
+        except DatabaseSchemaError as exc:
+            raise Failure(str(exc), ExitCode.BAD_STATE) from exc
         except (StoreUnavailableError, ConfigurationError, redis.ConnectionError) as exc:
             raise Failure(f"Redis: {exc}", ExitCode.UNREACHABLE) from exc
         except redis.TimeoutError as exc:
@@ -85,6 +89,7 @@ cli.add_command(requeue)
 cli.add_command(resolve)
 cli.add_command(reap)
 cli.add_command(doctor)
+cli.add_command(db)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import time
 from dataclasses import asdict
+from typing import Any
 
 import click
 
@@ -23,7 +24,12 @@ from saga.cli.context import (
 )
 from saga.cli.escalations import accepts
 from saga.cli.queries import find_escalation
-from saga.errors import DispatchError, NothingToRequeueError
+from saga.errors import (
+    DispatchError,
+    InvalidCorrectionError,
+    OperationRefusedError,
+    UnknownEscalationError,
+)
 from saga.stack import RunHead, RunStore
 from saga.validation import check_run_id
 
@@ -73,7 +79,7 @@ def requeue(
     corrections = corrections_from(list(assignments))
     saga = env.saga()
     method = saga.requeue_failed_compensations
-    options: dict[str, object] = {}
+    options: dict[str, Any] = {}
     if corrections:
         if not accepts(method, "corrections"):
             raise Failure(
@@ -86,7 +92,9 @@ def requeue(
         options["by"] = by
     try:
         count = method(run_id, **options)
-    except NothingToRequeueError as exc:
+    except InvalidCorrectionError as exc:  # nothing ran: the input was wrong
+        raise Failure(str(exc), ExitCode.USAGE) from exc
+    except OperationRefusedError as exc:  # nothing to requeue, resolved by hand, ...
         bad_state(str(exc))
     except DispatchError as exc:
         raise Failure(str(exc), ExitCode.UNREACHABLE) from exc
@@ -153,7 +161,12 @@ def resolve(env: Env, escalation_id: str, note: str, by: str, as_json: bool) -> 
     if record.resolved:
         bad_state(f"{escalation_id} is already resolved: {record.resolution}")
     if saga is not None:
-        saga.resolve_escalation(escalation_id, note=note, by=by)  # type: ignore[attr-defined]
+        try:
+            saga.resolve_escalation(escalation_id, note=note, by=by)
+        except UnknownEscalationError as exc:
+            not_found(str(exc))
+        except OperationRefusedError as exc:  # closed meanwhile, a requeue unwinding, ...
+            bad_state(str(exc))
     else:
         # This version records the resolution on every open escalation of the run (there is
         # one open at a time: a later escalation supersedes the earlier).

@@ -387,7 +387,8 @@ def test_resolve_closes_an_escalation_past_the_pivot_with_a_note(world: World) -
     assert done.returncode == 0, done.stderr
     [record] = world.saga.records.escalations(run_id)
     assert record.resolved is True
-    assert "ada" in record.resolution and note in record.resolution
+    assert (record.resolved_by, record.resolution) == ("ada", note)
+    assert record.resolved_at is not None
     open_ids = [e["escalation_id"] for e in world.cli_json("escalations")["escalations"]]
     assert escalation_id not in open_ids
     closed = world.cli_json("escalation", "show", escalation_id)

@@ -6,6 +6,7 @@ Every test runs on both databases: a file in ``tmp_path`` for SQLite, a schema o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import uuid
@@ -117,6 +118,7 @@ def picture(
     compensations: list[CompensationRecord] | None = None,
     ended: float | None = ENDED,
     generation: str = "0",
+    **more: Any,
 ) -> RunPicture:
     return RunPicture(
         run_id=run_id,
@@ -129,10 +131,11 @@ def picture(
         created=CREATED,
         ended=ended,
         extra={"owner": "step:4", "sent": "1", "generation": generation},
+        **more,
     )
 
 
-def failed_compensation_picture(run_id: str, generation: str = "0") -> RunPicture:
+def failed_compensation_picture(run_id: str, generation: str = "0", **more: Any) -> RunPicture:
     """The seed's run: credit and status undone partly; the credit reversal failed."""
     credit = undo_entry(run_id, 2, "reverse_credit", {"credit_id": "cr_9104_1"})
     status = undo_entry(run_id, 3, "set_ticket_status", {"ticket_id": 9104, "status": "open"})
@@ -163,6 +166,7 @@ def failed_compensation_picture(run_id: str, generation: str = "0") -> RunPictur
             CompensationRecord(step=3, entry=status, state=CompensationState.DONE, attempts=1),
         ],
         generation=generation,
+        **more,
     )
 
 
@@ -475,3 +479,181 @@ def test_escalation_json_round_trips_nested_values_and_unicode(records: RecordSt
     assert stored.failed_compensations[0]["undo"]["args"] == NESTED
     assert stored.failed_compensations[0]["error"] == {"message": UNICODE_NOTE}
     assert stored.not_undone[0]["result"] == NESTED
+
+
+# -- what a requeue needs once the keys have expired ---------------------------------------
+
+
+def escalated(run_id: str, **more: Any) -> RunPicture:
+    """The seed's escalated run as its keys hold it when it is recorded."""
+    values: dict[str, Any] = {
+        "state": RunState.ESCALATED,
+        "version": "17",
+        "deadline": 900.0,
+        "updated": ENDED,
+        "cause": "step 4 failed",
+        "recorded": True,
+    }
+    values.update(more)
+    run = failed_compensation_picture(run_id, **values)
+    return dataclasses.replace(run, reason=REASON_COMPENSATION_FAILED)
+
+
+def test_the_outcome_holds_steps_compensations_and_what_rebuilding_takes(
+    records: RecordStore,
+) -> None:
+    """Steps and undos become rows; the picture read back from SQL is the one recorded."""
+    # Given an escalated run, recorded as it ended
+    run_id = uuid.uuid4().hex
+    run = escalated(run_id)
+
+    # When its outcome is written
+    records.record_outcome(run)
+
+    # Then its steps and compensations are rows, the undo still on the stack marked so
+    assert [(s.step, s.tool, s.state) for s in records.steps(run_id)] == [
+        (1, "get_order", "succeeded"),
+        (2, "issue_credit", "succeeded"),
+        (3, "set_ticket_status", "succeeded"),
+        (4, "send_reply", "failed"),
+    ]
+    assert [
+        (c.step, c.state, c.attempts, c.stack_position) for c in records.compensations(run_id)
+    ] == [
+        (2, "failed", 5, 0),
+        (3, "done", 1, None),
+    ]
+    # and the picture read back from SQL is the recorded one (times to the microsecond)
+    back = records.picture(run_id)
+    assert back is not None
+    assert back == dataclasses.replace(run, created=back.created, updated=back.updated)
+    assert (back.created, back.updated) == (pytest.approx(CREATED), pytest.approx(ENDED))
+    assert back.stack[0]["idempotency_key"] == f"{run_id}:2:undo"
+
+
+def test_a_record_without_what_rebuilding_takes_gives_no_picture(records: RecordStore) -> None:
+    """A run written before the record held its version (or never written) cannot be rebuilt."""
+    run_id = uuid.uuid4().hex
+    records.record_run(picture(run_id, []), "escalated", "x")  # no version: an old record
+    assert records.picture(run_id) is None
+    assert records.picture(uuid.uuid4().hex) is None
+
+
+def test_operator_actions_are_recorded_with_who_and_what(records: RecordStore) -> None:
+    """A requeue (with its corrections) and a resolve kept in the run's keys become rows, oldest
+    first; the resolve closes the escalation with the note, who and when."""
+    # Given a run requeued once with a correction, escalated again, then resolved by hand
+    run_id = uuid.uuid4().hex
+    corrections = {"2": {"before": {"credit_id": "cr_1"}, "after": {"credit_id": "cr_2"}}}
+    requeued = {"kind": "requeue", "generation": 1, "by": "alice", "at": CREATED + 60}
+    run = escalated(
+        run_id,
+        generation="1",
+        actions=({**requeued, "count": 1, "corrections": corrections},),
+        resolution={
+            "by": "bob",
+            "note": UNICODE_NOTE,
+            "escalation_id": f"{run_id}:1",
+            "at": CREATED + 120,
+        },
+    )
+
+    # When it is recorded (twice: a redelivered conclusion)
+    records.record_outcome(run)
+    records.record_outcome(run)
+
+    # Then both actions are there, once each, oldest first
+    actions = records.actions(run_id)
+    assert [(a.kind, a.by, a.escalation_id, a.count) for a in actions] == [
+        ("requeue", "alice", f"{run_id}:0", 1),
+        ("resolve", "bob", f"{run_id}:1", 0),
+    ]
+    assert actions[0].corrections == corrections
+    assert actions[1].note == UNICODE_NOTE
+    assert as_utc(actions[1].at) == datetime.fromtimestamp(CREATED + 120, UTC)
+    # and the escalation is closed by bob, with his note
+    [escalation] = records.escalations(run_id)
+    assert (escalation.resolved, escalation.resolved_by, escalation.resolution) == (
+        True,
+        "bob",
+        UNICODE_NOTE,
+    )
+    assert as_utc(escalation.resolved_at) == datetime.fromtimestamp(CREATED + 120, UTC)
+
+
+def test_compensated_after_a_requeue_closes_the_escalation_saying_by_whom(
+    records: RecordStore,
+) -> None:
+    """The escalation a requeue dealt with is closed with the reason and the requeuer."""
+    run_id = uuid.uuid4().hex
+    records.record_outcome(escalated(run_id))
+    action = {"kind": "requeue", "generation": 1, "by": "alice", "at": CREATED + 60, "count": 1}
+    requeued = escalated(run_id, generation="1", actions=({**action, "corrections": {}},))
+    undone = [dataclasses.replace(c, state=CompensationState.DONE) for c in requeued.compensations]
+    done = dataclasses.replace(requeued, state=RunState.COMPENSATED, stack=[], compensations=undone)
+
+    records.record_outcome(done)
+
+    [escalation] = records.escalations(run_id)
+    assert (escalation.resolved, escalation.resolution) == (
+        True,
+        "compensated after requeue by alice",
+    )
+    assert escalation.resolved_at is not None
+    assert records.run(run_id).state == "compensated"  # type: ignore[union-attr]
+
+
+def test_resolving_by_hand_in_sql_alone(records: RecordStore) -> None:
+    """The reaper's escalation is closed with who and why, once; a second resolve says no."""
+    run_id = uuid.uuid4().hex
+    records.record_unreadable(run_id, "bad data in its keys")
+
+    assert records.resolve_escalation(f"{run_id}:reaper", "cleaned up by hand", "carol")
+    assert not records.resolve_escalation(f"{run_id}:reaper", "again", "dave")
+
+    [escalation] = records.escalations(run_id)
+    assert (escalation.resolved, escalation.resolved_by, escalation.resolution) == (
+        True,
+        "carol",
+        "cleaned up by hand",
+    )
+    [action] = records.actions(run_id)
+    assert (action.kind, action.by, action.action_id) == (
+        "resolve",
+        "carol",
+        f"{run_id}:reaper:resolve",
+    )
+
+
+def test_runs_are_listed_newest_first_by_state_tool_agent_and_time(records: RecordStore) -> None:
+    """The operator's list: filters combine, newest first, limited."""
+    # Given three runs: an escalated one with a credit, a completed hosted one, an old one
+    first, hosted, old = (uuid.uuid4().hex for _ in range(3))
+    records.record_outcome(escalated(first))
+    agent = {"name": "refund", "input": "Order 4921 arrived late.", "created": "1"}
+    records.record_outcome(
+        picture(hosted, [], state=RunState.COMPLETED, agent=agent, version="3", deadline=60.0)
+    )
+    records.record_run(
+        dataclasses.replace(picture(old, []), created=CREATED - 86_400), "completed", ""
+    )
+
+    # Then each filter finds its runs
+    assert [r.run_id for r in records.runs()] == [*sorted([first, hosted]), old]  # ties: by id
+    assert [r.run_id for r in records.runs(state="escalated")] == [first]
+    assert [r.run_id for r in records.runs(tool="issue_credit")] == [first]
+    assert [r.run_id for r in records.runs(agent="refund")] == [hosted]
+    since = datetime.fromtimestamp(CREATED - 10, UTC)
+    assert {r.run_id for r in records.runs(since=since)} == {first, hosted}
+    assert len(records.runs(limit=1)) == 1
+    assert records.runs(state="completed", tool="issue_credit") == []
+    assert records.transcript(hosted) is not None
+
+
+def test_a_hosted_run_of_the_longest_run_id_keeps_its_transcript(records: RecordStore) -> None:
+    """The transcript's run id column takes the 128 characters a run id may have."""
+    run_id = ("t-" + uuid.uuid4().hex * 4)[:RUN_ID_MAX_LENGTH]
+    agent = {"name": "refund", "input": "hi", "created": "1"}
+    records.record_outcome(picture(run_id, [], state=RunState.COMPLETED, agent=agent, version="1"))
+    transcript = records.transcript(run_id)
+    assert transcript is not None and transcript.agent == "refund"

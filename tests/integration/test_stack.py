@@ -7,6 +7,7 @@ proven on its own.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import uuid
@@ -912,6 +913,131 @@ def test_a_move_not_in_the_table_is_refused_loudly(
     assert {c.state for c in store.picture(run_id).compensations} == {  # type: ignore[union-attr]
         CompensationState.PENDING
     }
+
+
+# -- an operator's scripts: corrections, resolve, rebuilding expired keys ------------------
+
+
+def escalated_with_undo_2_failed(store: RunStore, new_run: NewRun) -> str:
+    """Three writes aborted; undo 2 fails, 3 and 1 are done: escalated, recorded."""
+    run_id = new_run()
+    three_writes_and_abort(store, run_id)
+    for step, outcome in ((3, "done"), (2, "failed"), (1, "done")):
+        begin_comp(store, run_id, step)
+        record_comp(store, run_id, step, outcome, {"message": "tickets down"})
+    assert conclude(store, run_id, RunState.ESCALATED, "compensation failed").status == "ok"
+    assert store.mark_recorded(run_id, run_hash(store, run_id)["version"])
+    return run_id
+
+
+def corrected(store: RunStore, run_id: str, step: int, **args: Any) -> str:
+    picture = store.picture(run_id)
+    assert picture is not None
+    [undo] = [c for c in picture.compensations if c.step == step]
+    return payload.dumps(
+        {**undo.entry, "args": {**undo.entry["args"], **args}}, what="u", limit=9999
+    )
+
+
+def test_a_correction_replaces_the_undo_on_the_stack_and_in_its_record(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """The corrected entry is the very string on the stack, so its done still removes it."""
+    run_id = escalated_with_undo_2_failed(store, new_run)
+    entry = corrected(store, run_id, 2, ref="ref-moved")
+
+    outcome = store.requeue(run_id, {2: entry}, run_hash(store, run_id)["version"], '{"by":"a"}')
+
+    assert outcome == Outcome("ok", ("requeue:1", 1))
+    assert store.client.lrange(run_keys(run_id)[3], 0, -1) == [entry]
+    began = begin_comp(store, run_id, 2)
+    assert (began.status, json.loads(began.values[1])["args"]) == ("run", {"ref": "ref-moved"})
+    record_comp(store, run_id, 2, "done")
+    assert stack_of(store, run_id) == []
+    assert conclude(store, run_id, RunState.COMPENSATED).status == "ok"
+    assert run_hash(store, run_id)["requeue:1"] == '{"by":"a"}'
+
+
+def test_corrections_apply_whole_or_not_at_all(store: RunStore, new_run: NewRun) -> None:
+    """One correction for an undo already done, or a run that moved since they were made:
+    refused, and nothing changed (not even the correction that was fine)."""
+    run_id = escalated_with_undo_2_failed(store, new_run)
+    before = (run_hash(store, run_id), store.client.hgetall(run_keys(run_id)[4]))
+    fine, done = corrected(store, run_id, 2, ref="x"), corrected(store, run_id, 3, ref="y")
+    now = run_hash(store, run_id)["version"]
+
+    assert store.requeue(run_id, {2: fine, 3: done}, now) == Outcome("uncorrectable", ("3", "done"))
+    assert store.requeue(run_id, {2: fine}, str(int(now) - 1)) == Outcome("moved", (now,))
+    assert (run_hash(store, run_id), store.client.hgetall(run_keys(run_id)[4])) == before
+
+
+def test_a_resolve_fences_requeue_until_an_effect_lands_late(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """Resolved at its version, the run refuses requeue and a second resolve; an effect that
+    lands later moves it on, and it is open to a requeue again."""
+    # Given an escalated run: an undo failed, and step 2 in doubt with nothing to tell
+    run_id = new_run()
+    credit = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    succeed(store, run_id, credit, "reverse_credit")
+    doubted = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    store.mark_in_doubt(run_id, doubted, {"type": "NoOutcome", "message": "?"})
+    store.resolve_in_doubt(run_id, doubted, "unknown", "", "", False, "step 2 in doubt")
+    begin_comp(store, run_id, credit, unwind=f"step:{doubted}")
+    record_comp(store, run_id, credit, "failed", {"message": "billing down"})
+    assert conclude(store, run_id, RunState.ESCALATED, "step 2 in doubt").status == "ok"
+    assert store.mark_recorded(run_id, run_hash(store, run_id)["version"])
+
+    # When a person resolves it
+    said = json.dumps({"by": "bob", "note": "refunded by phone", "escalation_id": f"{run_id}:0"})
+    assert store.resolve(run_id, 1, said).status == "stale"
+    resolved = store.resolve(run_id, 0, said)
+
+    # Then it refuses requeue and a second resolve; its record is due again, keys kept
+    assert resolved.status == "ok"
+    assert store.requeue(run_id) == Outcome("resolved", (said,))
+    assert store.resolve(run_id, 0, said).values[0] == said
+    picture = store.picture(run_id)
+    assert picture is not None and picture.resolution is not None
+    assert picture.resolution["by"] == "bob" and not picture.recorded
+    assert store.client.ttl(run_keys(run_id)[0]) == -1
+
+    # When the doubted credit lands after all, the resolution no longer holds: requeue runs
+    assert succeed(store, run_id, doubted, "reverse_credit").status == "late"
+    picture = store.picture(run_id)
+    assert picture is not None and picture.resolution is None
+    assert store.requeue(run_id) == Outcome("ok", ("requeue:1", 2))
+
+
+def test_a_resolve_is_refused_while_a_requeue_unwinds(store: RunStore, new_run: NewRun) -> None:
+    run_id = escalated_with_undo_2_failed(store, new_run)
+    assert store.requeue(run_id).status == "ok"
+    assert store.resolve(run_id, 0, "{}") == Outcome("state", ("unwinding",))
+    assert store.resolve(uuid.uuid4().hex, 0, "{}") == Outcome("unknown")
+
+
+def test_expired_keys_are_rebuilt_only_into_nothing(store: RunStore, new_run: NewRun) -> None:
+    """Rebuilt from the picture the record holds: the same run, expiring again; a second
+    rebuild (the keys exist) writes nothing, and the rebuilt run is requeued as before."""
+    # Given an escalated run whose keys have gone
+    run_id = escalated_with_undo_2_failed(store, new_run)
+    recorded = store.picture(run_id)
+    assert recorded is not None
+    store.client.delete(*run_keys(run_id))
+
+    # When it is rebuilt, twice
+    assert store.restore(recorded)
+    assert not store.restore(dataclasses.replace(recorded, reason="something else"))
+
+    # Then it reads back as it was, its keys expiring after the retention period
+    assert store.picture(run_id) == recorded
+    for key in (run_keys(run_id)[0], run_keys(run_id)[3]):
+        assert 0 < store.client.ttl(key) <= RETENTION
+    # and a requeue reopens it exactly as it would have
+    assert store.requeue(run_id) == Outcome("ok", ("requeue:1", 1))
+    assert begin_comp(store, run_id, 2).status == "run"
+    record_comp(store, run_id, 2, "done")
+    assert stack_of(store, run_id) == []
 
 
 def test_more_callers_than_connections_wait_for_one_instead_of_failing(redis_url: str) -> None:

@@ -36,6 +36,7 @@ EXPORTED = [
     "Settings",
     "StepHandle",
     # What a run looks like
+    "ActionRecord",
     "CompensationRecord",
     "CompensationState",
     "EscalationRecord",
@@ -50,14 +51,18 @@ EXPORTED = [
     "CallRefusedError",
     "CompensationBuildError",
     "ConfigurationError",
+    "DatabaseSchemaError",
     "DispatchError",
+    "EscalationResolvedError",
     "FaultInjectionDisabledError",
     "InjectedFaultError",
     "InvalidArgumentsError",
+    "InvalidCorrectionError",
     "InvalidRunIdError",
     "InvalidRunOptionError",
     "NonRetryableToolError",
     "NothingToRequeueError",
+    "OperationRefusedError",
     "PayloadError",
     "RunEndedError",
     "RunExistsError",
@@ -70,6 +75,7 @@ EXPORTED = [
     "StoreUnavailableError",
     "ToolDefinitionError",
     "ToolNotOfferedError",
+    "UnknownEscalationError",
     "UnknownRunError",
     "UnknownToolError",
     "WaitTimeoutError",
@@ -116,7 +122,7 @@ def test_errors_module_is_found() -> None:
     names = {cls.__name__ for cls in ERROR_CLASSES}
     exported_errors = {n for n in EXPORTED if n.endswith("Error")}
     assert exported_errors <= names
-    assert len(exported_errors) == 26
+    assert len(exported_errors) == 31
 
 
 @pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)

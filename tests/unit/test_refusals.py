@@ -11,7 +11,7 @@ from celery import Celery
 from saga import Saga, Settings, ToolRegistry
 from saga.errors import NothingToRequeueError, RunEndedError, SagaError
 from saga.model import RunState
-from saga.stack import Outcome, RunHead
+from saga.stack import Outcome, RunPicture
 
 
 def test_a_run_still_unwinding_is_not_said_to_have_ended() -> None:
@@ -47,9 +47,9 @@ def test_requeue_with_nothing_failed_raises_its_own_error(
     saga: Saga, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run with no failed compensation gives NothingToRequeueError, not a bare SagaError."""
-    monkeypatch.setattr(saga.store, "requeue", lambda run_id: Outcome("ended", ("completed",)))
-    head = RunHead(RunState.COMPLETED, updated=0.0, deadline=60.0, recorded=True, ended=1.0)
-    monkeypatch.setattr(saga.store, "head", lambda run_id: head)
+    monkeypatch.setattr(saga.store, "requeue", lambda run_id, *_: Outcome("ended", ("completed",)))
+    picture = RunPicture("r1", RunState.COMPLETED, "", None, [], [], [], 0.0, 1.0, deadline=60.0)
+    monkeypatch.setattr(saga.store, "picture", lambda run_id: picture)
     monkeypatch.setattr(saga.store, "now", lambda: 0.0)
     monkeypatch.setattr(saga.store, "schedule", lambda run_id, at: None)
 

@@ -1,0 +1,263 @@
+"""What a person does with an escalated run: requeue its failed compensations (correcting an
+undo's arguments first if need be), or resolve the escalation by hand.
+
+Both act through Redis scripts, so they are fenced against each other and against the run's
+own moves: of two requeues at once one runs the undos and the other is refused, a resolved
+escalation refuses a requeue, and a requeue under way refuses a resolve. Once a run's keys have
+expired they are first rebuilt from its SQL record (``restore.lua``, which writes only into
+nothing), and the same scripts then decide. Who did what is kept in the run's keys by the same
+script that does it, and written to SQL at once and again with the run's record, so it is
+never lost to a database that was away for a moment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from saga import payload
+from saga.errors import (
+    DispatchError,
+    EscalationResolvedError,
+    InvalidArgumentsError,
+    InvalidCorrectionError,
+    NothingToRequeueError,
+    OperationRefusedError,
+    PayloadError,
+    UnknownEscalationError,
+    UnknownRunError,
+    UnknownToolError,
+)
+from saga.model import CompensationState, RunState
+from saga.picture import RunPicture
+from saga.records import EscalationRecord
+from saga.records.rows import action_rows, escalation_id, generation_of
+
+if TYPE_CHECKING:
+    from saga.engine import Saga
+
+logger = logging.getLogger("saga.operations")
+
+#: How often a requeue re-reads a run that moved between its reading and its script.
+_ATTEMPTS = 5
+#: Seconds past a run's retention before the reaper checks its keys are gone.
+_EXPIRY_MARGIN = 60.0
+_CORRECTABLE = (CompensationState.FAILED, CompensationState.PENDING)
+
+
+def requeue(saga: Saga, run_id: str, corrections: Mapping[int, Mapping[str, Any]], by: str) -> int:
+    """``Saga.requeue_failed_compensations``: how many compensations were sent again."""
+    _check_shape(corrections, by)
+    picture = _readable(saga, run_id)
+    for _ in range(_ATTEMPTS):
+        entries, changes = _corrected(saga, picture, corrections)
+        action = json.dumps({"by": by, "corrections": changes}, ensure_ascii=False)
+        # Under the reaper's eye first: a chain that is never sent is resumed, not forgotten.
+        saga.store.schedule(run_id, saga.store.now() + picture.deadline)
+        version = picture.version if entries else ""
+        outcome = saga.store.requeue(run_id, entries, version, action)
+        if outcome.status == "moved":
+            picture = saga.picture(run_id)
+        elif outcome.status == "unknown":  # expired since it was read: rebuild it
+            picture = _readable(saga, run_id)
+        else:
+            break
+    else:
+        raise OperationRefusedError(f"run {run_id} kept changing; requeue it again", retryable=True)
+    if outcome.status == "resolved":
+        raise EscalationResolvedError(f"run {run_id} was resolved by hand: {_said(outcome)}")
+    if outcome.status == "uncorrectable":
+        step, state = outcome.values
+        raise InvalidCorrectionError(f"step {step} of run {run_id} has no failed undo ({state})")
+    if outcome.status != "ok":
+        raise NothingToRequeueError(
+            f"run {run_id} is {outcome.values[0]} and has no failed compensation to requeue"
+        )
+    owner, count = str(outcome.values[0]), int(outcome.values[1])
+    _record_now(saga, run_id, owner)
+    if not saga.start_unwind(run_id, owner):
+        raise DispatchError(
+            f"run {run_id} is requeued, but the broker did not take its unwind: the reaper "
+            "sends it at the run's deadline (nothing to do again)"
+        )
+    logger.warning("run %s: requeued %d compensation(s) by %r", run_id, count, by)
+    return count
+
+
+def resolve(saga: Saga, escalation: str, *, note: str, by: str) -> EscalationRecord:
+    """``Saga.resolve_escalation``: the escalation as recorded once resolved."""
+    if not note.strip() or not by.strip():
+        raise OperationRefusedError("a resolve needs a note saying what was done, and by whom")
+    row = saga.records.escalation(escalation)
+    if row is None:
+        raise UnknownEscalationError(f"no escalation {escalation}")
+    if row.resolved:
+        raise EscalationResolvedError(f"escalation {escalation} is closed already: {_closed(row)}")
+    generation = generation_of(escalation)
+    picture = None if generation is None else _rebuilt_if_expired(saga, row.run_id)
+    if generation is None or picture is None:
+        # The reaper's escalation, or a run recorded before it could be rebuilt: neither can
+        # be requeued through the scripts, so closing the row alone is enough.
+        if not saga.records.resolve_escalation(escalation, note, by):
+            raise EscalationResolvedError(f"escalation {escalation} was closed meanwhile")
+        return _reread(saga, escalation)
+    # Under the reaper's eye first: if this process dies after the script, the record follows.
+    saga.store.schedule(row.run_id, saga.store.now() + picture.deadline)
+    resolution = json.dumps(
+        {"by": by, "note": note, "escalation_id": escalation}, ensure_ascii=False
+    )
+    outcome = saga.store.resolve(row.run_id, generation, resolution)
+    if outcome.status == "unknown" and _rebuilt_if_expired(saga, row.run_id) is not None:
+        outcome = saga.store.resolve(row.run_id, generation, resolution)  # expired meanwhile
+    if outcome.status == "resolved" and payload.loads(outcome.values[0]) != json.loads(resolution):
+        raise EscalationResolvedError(f"escalation {escalation} was resolved: {_said(outcome)}")
+    if outcome.status == "state" and outcome.values[0] == RunState.UNWINDING.value:
+        raise OperationRefusedError(
+            f"run {row.run_id} is unwinding after a requeue: resolve it once that ends",
+            retryable=True,
+        )
+    if outcome.status in ("state", "stale", "unknown"):
+        raise EscalationResolvedError(
+            f"escalation {escalation} is no longer the run's open one ({outcome.status} "
+            f"{' '.join(str(v) for v in outcome.values)})"
+        )
+    _record(saga, row.run_id)
+    return _reread(saga, escalation)
+
+
+# -- reading, rebuilding -------------------------------------------------------------------
+
+
+def _readable(saga: Saga, run_id: str) -> RunPicture:
+    """The run from its keys, rebuilt from its record if they have expired."""
+    picture = _rebuilt_if_expired(saga, run_id, requeue=True)
+    if picture is None and saga.records.run(run_id) is None:
+        raise UnknownRunError(f"no run {run_id}, in Redis or in the records")
+    if picture is None:
+        raise OperationRefusedError(
+            f"run {run_id}'s keys have expired and its record was written before records held "
+            "what rebuilding it takes: undo what is live by hand, then resolve its escalation"
+        )
+    return picture
+
+
+def _rebuilt_if_expired(saga: Saga, run_id: str, *, requeue: bool = False) -> RunPicture | None:
+    """The run's picture from Redis; once its keys have expired, rebuilt from its SQL record
+    (None if there is no record that can rebuild it). For a requeue, a run the record shows
+    resolved, or not escalated, is refused before anything is written."""
+    live = saga.store.picture(run_id)
+    if live is not None:
+        return live
+    recorded = saga.records.picture(run_id)
+    if recorded is None:
+        return None
+    if requeue:
+        if recorded.state is not RunState.ESCALATED:
+            raise NothingToRequeueError(
+                f"run {run_id} is {recorded.state.value} and has no failed compensation to requeue"
+            )
+        current = saga.records.escalation(escalation_id(run_id, recorded.generation))
+        if current is not None and current.resolved:
+            raise EscalationResolvedError(
+                f"escalation {current.escalation_id} is closed: {_closed(current)}"
+            )
+    if saga.store.restore(recorded):
+        logger.warning("run %s: keys rebuilt from its record", run_id)
+    # Rebuilt by this call or by another at the same moment: the keys are the truth now.
+    return saga.picture(run_id)
+
+
+# -- corrections ---------------------------------------------------------------------------
+
+
+def _check_shape(corrections: Mapping[int, Mapping[str, Any]], by: str) -> None:
+    for step, fix in corrections.items():
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise InvalidCorrectionError(f"corrections are keyed by step number, not {step!r}")
+        if not isinstance(fix, Mapping) or not fix or not all(isinstance(k, str) for k in fix):
+            raise InvalidCorrectionError(
+                f"the correction of step {step} must map argument names to values"
+            )
+    if corrections and not by.strip():
+        raise InvalidCorrectionError("say who corrects the undo's arguments (by=...)")
+
+
+def _corrected(
+    saga: Saga, picture: RunPicture, corrections: Mapping[int, Mapping[str, Any]]
+) -> tuple[dict[int, str], dict[str, Any]]:
+    """Each corrected undo entry (JSON, as the script stores it) and what changed, every
+    correction checked against its compensation tool before anything is sent."""
+    compensations = {c.step: c for c in picture.compensations}
+    entries: dict[int, str] = {}
+    changes: dict[str, Any] = {}
+    for step, fix in corrections.items():
+        undo = compensations.get(step)
+        if undo is None or undo.state not in _CORRECTABLE:
+            what = "no undo" if undo is None else f"its undo is {undo.state.value}"
+            raise InvalidCorrectionError(
+                f"step {step} of run {picture.run_id} has no failed compensation to correct "
+                f"({what})"
+            )
+        entry = undo.entry
+        if entry.get("broken") or not entry.get("tool"):
+            raise InvalidCorrectionError(
+                f"step {step}'s undo could not be built ({entry.get('description')}): new "
+                "arguments cannot fix that; undo it by hand and resolve the escalation"
+            )
+        try:
+            checked = saga.registry.get(entry["tool"]).validate({**entry["args"], **fix})
+            corrected = {**entry, "args": checked}
+            entries[step] = payload.dumps(
+                corrected, what=f"undo of step {step}", limit=saga.settings.max_payload_bytes
+            )
+        except (UnknownToolError, InvalidArgumentsError, PayloadError) as exc:
+            raise InvalidCorrectionError(f"correction of step {step} refused: {exc}") from None
+        changes[str(step)] = {"before": entry["args"], "after": checked}
+    return entries, changes
+
+
+# -- recording -----------------------------------------------------------------------------
+
+
+def _record_now(saga: Saga, run_id: str, owner: str) -> None:
+    """The requeue (``owner``) is in the run's keys already, as its script wrote it: SQL has it
+    now, or with the run's record."""
+    acted_on = escalation_id(run_id, int(owner.rpartition(":")[2]) - 1)
+    try:
+        [action] = [
+            a
+            for a in action_rows(saga.picture(run_id))
+            if a.kind == "requeue" and a.escalation_id == acted_on
+        ]
+        saga.records.record_action(action)
+    except Exception as exc:  # best effort: the unwind must still be sent
+        logger.error("run %s: %s not recorded yet (%s); it comes with the run", run_id, owner, exc)
+
+
+def _record(saga: Saga, run_id: str) -> None:
+    """Write the run's record as its keys now stand (a resolve changed its escalation), then
+    let them expire; if the database is away, the reaper writes it (the run is scheduled)."""
+    picture = saga.picture(run_id)
+    saga.records.record_outcome(picture)
+    if saga.store.mark_recorded(run_id, picture.version):
+        expiry = saga.store.now() + saga.store.retention_seconds + _EXPIRY_MARGIN
+        saga.store.schedule(run_id, expiry)
+
+
+def _reread(saga: Saga, escalation: str) -> EscalationRecord:
+    row = saga.records.escalation(escalation)
+    assert row is not None, "an escalation row is never deleted"
+    return row
+
+
+def _closed(row: EscalationRecord) -> str:
+    by = f" by {row.resolved_by}" if row.resolved_by else ""
+    at = f" at {row.resolved_at:%Y-%m-%d %H:%M:%S}" if row.resolved_at else ""
+    return f"{row.resolution or 'resolved'}{by}{at}"
+
+
+def _said(outcome: Any) -> str:
+    said = payload.loads(outcome.values[0]) if outcome.values and outcome.values[0] else {}
+    return f"{said.get('note', '')!r} by {said.get('by', '?')}"

@@ -1,0 +1,1 @@
+"""One module per revision of the records schema, oldest first (0001, 0002, ...)."""

@@ -1,0 +1,315 @@
+"""Runs, escalations and operator actions, recorded for people in a SQL database.
+
+Redis holds the live state; this is where a person (or a dashboard) finds what happened after
+the Redis keys have expired, and what a requeue rebuilds a run from then. SQLite by default,
+PostgreSQL in production; writes are upserts, so a redelivered conclusion writes the same
+record again instead of a second one. A run is written once per ending, in one transaction
+(a fixed number of statements, each run once or, for the steps, as one batch), never once
+per step.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import (
+    Table,
+    create_engine,
+    event,
+    exists,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Session
+
+from saga.agents.turn_state import document as hosted_document
+from saga.picture import RunPicture
+from saga.records import migrations
+from saga.records.models import (
+    ActionRecord,
+    Base,
+    EscalationRecord,
+    RunCompensationRecord,
+    RunRecord,
+    RunStepRecord,
+    TranscriptRecord,
+)
+from saga.records.rows import (
+    action_rows,
+    compensation_rows,
+    escalation_row,
+    picture_of,
+    resolve_action,
+    run_row,
+    step_rows,
+    transcript_row,
+)
+
+
+def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    """WAL lets readers and the writer overlap across processes; NORMAL syncs at checkpoints,
+    not every commit, which is safe in WAL mode against a crash of the process."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+class RecordStore:
+    """The SQL record of one application's runs; safe to share between threads.
+
+    Opening it brings the schema to this version's head (``migrations.upgrade``: idempotent,
+    and locked, so every worker may do it as it starts). With ``upgrade=False`` (a deployment
+    that runs ``saga db upgrade`` as a one-shot step) it only checks, and refuses a database
+    behind its code with ``DatabaseSchemaError``.
+    """
+
+    def __init__(self, url: str, *, upgrade: bool = True) -> None:
+        if upgrade:
+            migrations.upgrade(url)
+        else:
+            migrations.check(url)
+        self.engine: Engine = create_engine(url, pool_pre_ping=True)
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", sqlite_pragmas)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def record_run(self, picture: RunPicture, state: str, reason: str) -> None:
+        with self.engine.begin() as connection:
+            self._upsert(connection, [run_row(picture, state, reason)])
+
+    def record_escalation(self, picture: RunPicture, reason: str) -> EscalationRecord:
+        record = escalation_row(picture, reason)
+        with self.engine.begin() as connection:
+            self._upsert(connection, [record])
+        return record
+
+    def record_outcome(self, picture: RunPicture) -> EscalationRecord | None:
+        """Record an ended run as it stands, in one transaction: its run row, steps and
+        compensations (what a requeue needs once its keys have expired), the operator
+        actions its keys hold and, escalated, its escalation row (which closes any earlier one
+        of the run as superseded: one open row at a time); compensated or completed, it
+        closes the run's open escalations, saying why."""
+        state = picture.state.value
+        escalation = escalation_row(picture, picture.reason) if state == "escalated" else None
+        hosted = hosted_document(picture)
+        with self.engine.begin() as connection:
+            self._upsert(connection, [run_row(picture, state, picture.reason)])
+            self._upsert(connection, step_rows(picture))
+            self._upsert(connection, compensation_rows(picture))
+            self._upsert(connection, action_rows(picture))
+            if hosted is not None:
+                self._upsert(connection, [transcript_row(picture.run_id, hosted)])
+            open_rows = update(EscalationRecord).where(
+                EscalationRecord.run_id == picture.run_id,
+                EscalationRecord.resolved.is_(False),
+            )
+            if escalation is not None:
+                self._upsert(connection, [escalation])
+                resolution = f"superseded by {escalation.escalation_id}"
+                open_rows = open_rows.where(
+                    EscalationRecord.escalation_id != escalation.escalation_id
+                )
+            else:
+                requeues = [a for a in picture.actions if a["kind"] == "requeue"]
+                by = f" by {requeues[-1]['by']}" if requeues and requeues[-1].get("by") else ""
+                resolution = f"{state} after requeue{by}"
+            connection.execute(
+                open_rows.values(resolved=True, resolution=resolution, resolved_at=_now())
+            )
+        return escalation
+
+    def record_unreadable(self, run_id: str, problem: str) -> None:
+        """Escalate a run the reaper could not read or resolve (bad data in its keys, a bug):
+        a person must look, and the other runs go on being reaped."""
+        record = EscalationRecord(
+            escalation_id=f"{run_id}:reaper",
+            run_id=run_id,
+            reason="the reaper could not handle this run",
+            cause=problem,
+            created_at=_now(),
+            steps_done=[],
+            stack=[],
+            failed_compensations=[],
+            not_undone=[],
+            resolved=False,
+            resolution="",
+            resolved_by="",
+            resolved_at=None,
+        )
+        with self.engine.begin() as connection:
+            self._upsert(connection, [record])
+
+    def record_action(self, action: ActionRecord) -> None:
+        """Write an operator's action now (it also reaches SQL with the run's next record)."""
+        with self.engine.begin() as connection:
+            self._upsert(connection, [action])
+
+    def resolve_escalation(self, escalation_id: str, note: str, by: str) -> bool:
+        """Close one escalation by hand in SQL alone (one the saga's scripts cannot fence: the
+        reaper's, or a run recorded before it could be rebuilt), with the action saying who.
+        False if it was not open."""
+        now = _now()
+        with self.engine.begin() as connection:
+            closed = connection.execute(
+                update(EscalationRecord)
+                .where(
+                    EscalationRecord.escalation_id == escalation_id,
+                    EscalationRecord.resolved.is_(False),
+                )
+                .values(resolved=True, resolution=note, resolved_by=by, resolved_at=now)
+            )
+            if closed.rowcount == 0:
+                return False
+            run_id = connection.scalar(
+                select(EscalationRecord.run_id).where(
+                    EscalationRecord.escalation_id == escalation_id
+                )
+            )
+            resolution = {"by": by, "note": note, "escalation_id": escalation_id}
+            action = resolve_action(str(run_id), 0, {**resolution, "at": now.timestamp()})
+            self._upsert(connection, [action])
+        return True
+
+    def resolve_escalations(self, run_id: str, resolution: str = "resolved") -> None:
+        with self.engine.begin() as connection:
+            connection.execute(
+                update(EscalationRecord)
+                .where(EscalationRecord.run_id == run_id, EscalationRecord.resolved.is_(False))
+                .values(resolved=True, resolution=resolution, resolved_at=_now())
+            )
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def run(self, run_id: str) -> RunRecord | None:
+        with Session(self.engine, expire_on_commit=False) as session:
+            return session.get(RunRecord, run_id)
+
+    def runs(
+        self,
+        state: str | None = None,
+        tool: str | None = None,
+        agent: str | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        """Recorded runs, newest first: in ``state``, with a step of ``tool``, of the hosted
+        ``agent``, created at or after ``since``."""
+        query = select(RunRecord).order_by(RunRecord.created_at.desc(), RunRecord.run_id)
+        if state is not None:
+            query = query.where(RunRecord.state == state)
+        if agent is not None:
+            query = query.where(RunRecord.agent == agent)
+        if since is not None:
+            query = query.where(RunRecord.created_at >= since)
+        if tool is not None:
+            query = query.where(
+                exists().where(RunStepRecord.run_id == RunRecord.run_id, RunStepRecord.tool == tool)
+            )
+        with Session(self.engine, expire_on_commit=False) as session:
+            return list(session.scalars(query.limit(limit)))
+
+    def steps(self, run_id: str) -> list[RunStepRecord]:
+        query = select(RunStepRecord).where(RunStepRecord.run_id == run_id)
+        with Session(self.engine, expire_on_commit=False) as session:
+            return list(session.scalars(query.order_by(RunStepRecord.step)))
+
+    def compensations(self, run_id: str) -> list[RunCompensationRecord]:
+        query = select(RunCompensationRecord).where(RunCompensationRecord.run_id == run_id)
+        with Session(self.engine, expire_on_commit=False) as session:
+            return list(session.scalars(query.order_by(RunCompensationRecord.step)))
+
+    def picture(self, run_id: str) -> RunPicture | None:
+        """The ended run as its record describes it, to rebuild its keys from; None if it was
+        never recorded, or recorded before the record held all that takes."""
+        with Session(self.engine, expire_on_commit=False) as session:
+            run = session.get(RunRecord, run_id)
+            if run is None:
+                return None
+        return picture_of(run, self.steps(run_id), self.compensations(run_id))
+
+    def transcript(self, run_id: str) -> TranscriptRecord | None:
+        with Session(self.engine, expire_on_commit=False) as session:
+            return session.get(TranscriptRecord, run_id)
+
+    def escalation(self, escalation_id: str) -> EscalationRecord | None:
+        with Session(self.engine, expire_on_commit=False) as session:
+            return session.get(EscalationRecord, escalation_id)
+
+    def escalations(
+        self, run_id: str | None = None, open_only: bool = False
+    ) -> list[EscalationRecord]:
+        query = select(EscalationRecord).order_by(EscalationRecord.created_at)
+        if run_id is not None:
+            query = query.where(EscalationRecord.run_id == run_id)
+        if open_only:
+            query = query.where(EscalationRecord.resolved.is_(False))
+        with Session(self.engine, expire_on_commit=False) as session:
+            return list(session.scalars(query))
+
+    def actions(self, run_id: str) -> list[ActionRecord]:
+        """What operators did to the run (requeues with their corrections, a resolve), oldest
+        first."""
+        query = (
+            select(ActionRecord)
+            .where(ActionRecord.run_id == run_id)
+            .order_by(ActionRecord.at, ActionRecord.action_id)
+        )
+        with Session(self.engine, expire_on_commit=False) as session:
+            return list(session.scalars(query))
+
+    # -- upserts ---------------------------------------------------------------------------
+
+    def _upsert(self, connection: Connection, records: Sequence[Base]) -> None:
+        """Insert or replace by primary key, in one statement where the database has one (a
+        redelivered conclusion writes the same rows again, never second ones). The statement
+        is built once per table and the rows are its parameters, so SQLAlchemy compiles it
+        once rather than on every record."""
+        if not records:
+            return
+        table = cast(Table, records[0].__table__)
+        rows = [{c.name: getattr(r, c.name) for c in table.columns} for r in records]
+        statement = _upsert_statement(self.engine.dialect.name, table)
+        if statement is not None:
+            connection.execute(statement, rows)
+            return
+        # Elsewhere: update, and insert if nothing was there (inside the caller's transaction;
+        # a racing insert fails the transaction, and its caller retries).
+        keys = [column.name for column in table.primary_key]
+        for values in rows:
+            where = [table.c[k] == values[k] for k in keys]
+            changed = connection.execute(table.update().where(*where).values(**values))
+            if changed.rowcount == 0:
+                connection.execute(table.insert().values(**values))
+
+
+@functools.cache
+def _upsert_statement(dialect: str, table: Table) -> Any:
+    """``INSERT ... ON CONFLICT (primary key) DO UPDATE`` every other column, for the
+    databases that have it (None elsewhere)."""
+    if dialect not in _UPSERTS:
+        return None
+    keys = [column.name for column in table.primary_key]
+    statement = _UPSERTS[dialect](table)
+    return statement.on_conflict_do_update(
+        index_elements=keys,
+        set_={c.name: statement.excluded[c.name] for c in table.columns if c.name not in keys},
+    )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+_UPSERTS: dict[str, Any] = {"sqlite": sqlite_insert, "postgresql": postgresql_insert}
