@@ -112,6 +112,7 @@ def world(
     else:
         database_url = f"sqlite:///{data / 'saga.db'}"
         url = private_redis.url + "/0"
+    imported_before = set(sys.modules)
     env = {
         "SAGA_REDIS_URL": url,
         "SAGA_BROKER_URL": url,
@@ -146,6 +147,11 @@ def world(
         systems.dispose_engines()
     if schema:
         _drop_schema(schema)
+    # The settings modules read the environment when first imported: those imported here (this
+    # module's private Redis) must not outlive it, or later tests would talk to a stopped server.
+    for name in set(sys.modules) - imported_before:
+        if name == "celeryconfig" or name.startswith(("saga.celery_defaults", "tasks.")):
+            del sys.modules[name]
 
 
 def _tools() -> Any:
