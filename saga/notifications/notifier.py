@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from saga import metrics
 from saga.constants import NOTIFY_TASK, notice_task_id
-from saga.errors import NotificationError
+from saga.errors import NotificationError, StoreUnavailableError
 from saga.notifications.body import notification_body
 from saga.notifications.settings import NotifySettings
 from saga.notifications.sinks import SINKS
@@ -27,7 +27,8 @@ from saga.notifications.store import NoticeStore
 
 if TYPE_CHECKING:
     from saga.engine import Saga
-    from saga.records import EscalationRecord
+    from saga.picture import RunPicture
+    from saga.records import EscalationRecord, RunRecord
 
 logger = logging.getLogger("saga.notifications")
 
@@ -146,7 +147,8 @@ class Notifier:
             record = self._escalation(escalation_id)
             if sink not in SINKS:
                 raise NotificationError(f"no sink named {sink!r} in this deploy")
-            detail = SINKS[sink](settings, notification_body(record), escalation_id, claim.attempt)
+            body = notification_body(record, *self._timeline(record.run_id))
+            detail = SINKS[sink](settings, body, escalation_id, claim.attempt)
         except Exception as exc:
             return self._failed(escalation_id, sink, claim.attempt, exc)
         self.store.sent(escalation_id, sink, detail)
@@ -182,6 +184,14 @@ class Notifier:
             error,
         )
         return Delivery("failed", error, None, exc)
+
+    def _timeline(self, run_id: str) -> tuple[RunPicture | None, RunRecord | None]:
+        """Where the package's timeline comes from: the run's live picture, else its record."""
+        try:
+            picture = self.saga.store.picture(run_id)
+        except StoreUnavailableError:
+            picture = None
+        return picture, None if picture is not None else self.saga.records.run(run_id)
 
     def _escalation(self, escalation_id: str) -> EscalationRecord:
         from saga.records import EscalationRecord

@@ -120,4 +120,9 @@ def test_the_body_is_the_escalation_with_a_schema_version() -> None:
     assert body["schema_version"] == SCHEMA_VERSION == 1
     assert body["id"] == body["escalation_id"] == "run-1:0"
     assert body["created_at"] == "2024-05-01T00:00:00+00:00"
+    # the escalation package a person reads with `saga escalation show`, nothing less
+    assert body["kind"] == body["type"] == "saga.escalation"
+    assert body["why"]["kind"] == "compensation_failed"
+    assert body["live"][0]["why"] == "its compensation failed"
+    assert "saga requeue run-1" in body["commands"]["requeue"]
     assert encode(body) == encode(dict(reversed(list(body.items()))))  # keys sorted
