@@ -118,8 +118,9 @@ def test_an_escalated_run_sends_one_signed_post_with_its_escalation_id(
     assert post.attempt == "1"
     assert post.body["schema_version"] == SCHEMA_VERSION
     assert post.body["id"] == post.body["escalation_id"] == escalation_id
-    assert post.body["reason"] == "compensation failed"
+    assert post.body["why"]["reason"] == "compensation failed"  # the escalation package
     assert [c["undo"]["tool"] for c in post.body["failed_compensations"]] == ["reverse_credit"]
+    assert post.body["run"]["steps"] and post.body["commands"]["requeue"]
     # and a second message of the same notice (a redelivery) sends nothing more
     saga.notifier.send(escalation_id, "webhook")
     wait_until(
@@ -142,7 +143,7 @@ def test_the_callable_sink_is_called_with_the_same_document(
     # Then the configured function got the body once, the same one the webhook got
     assert rows["callable"].state == NoticeState.SENT
     [body] = called(redis_client, escalation_id)
-    assert body["reason"] == "failed after an irreversible step"
+    assert body["why"]["reason"] == "failed after an irreversible step"
     assert body == receiver.of(escalation_id)[0].body
 
 
