@@ -124,6 +124,9 @@ class RunHead:
     ended: float | None
 
 
+#: A revoke's claim saying the running execution was killed (SIGKILL): its lease ends with it.
+REVOKE_KILLED = "killed"
+
 #: Connections per process at most, and how long a call waits for a free one (then the store
 #: is unavailable, as if Redis were away).
 _MAX_CONNECTIONS = 512
@@ -381,7 +384,7 @@ class RunStore:
         owner: str = "",
     ) -> Outcome:
         """``outcome``: ``done``, ``fail``, ``retry`` (by the claim's holder) or ``revoke`` (for
-        the unwind of ``owner``)."""
+        the unwind of ``owner``; ``claim=REVOKE_KILLED`` when the execution died by SIGKILL)."""
         return self._call(
             "record_compensation", run_id, step, outcome, _error_json(error), claim, owner
         )

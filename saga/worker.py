@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 import uuid
@@ -44,6 +45,7 @@ from saga.model import StepContext, ToolClass
 from saga.notifications import task as notify_task
 from saga.reaper import mark_in_doubt, reconcile
 from saga.retry import RetryPolicy
+from saga.stack import REVOKE_KILLED
 from saga.testing import FAULTS_ENV, faults_enabled
 
 if TYPE_CHECKING:
@@ -105,7 +107,8 @@ def install(app: Celery, saga: Saga) -> None:
             raise SystemExit(78)
 
     def step_revoked(sender: Any = None, request: Any = None, **info: Any) -> None:
-        _on_revoked(saga, request, bool(info.get("terminated")))
+        killed = bool(info.get("terminated")) and info.get("signum") == signal.SIGKILL
+        _on_revoked(saga, request, bool(info.get("terminated")), killed=killed)
 
     # After logging is set up (so the refusal reaches --logfile), before the pool starts.
     celeryd_after_setup.connect(
@@ -223,7 +226,7 @@ def _install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
         return _forward(saga, self, tool, run_id, step, args or {})
 
 
-def _on_revoked(saga: Saga, request: Any, terminated: bool) -> None:
+def _on_revoked(saga: Saga, request: Any, terminated: bool, killed: bool = False) -> None:
     """A revoked message is decided from the recorded state, not from Celery's flag: a step no
     delivery began never ran (failed); one that began is in doubt, reconciled once no delivery
     may still be running it (right away unless its lease holds, else by the reaper)."""
@@ -235,7 +238,7 @@ def _on_revoked(saga: Saga, request: Any, terminated: bool) -> None:
     error = {"type": "Revoked", "message": f"{name} was revoked (terminated: {terminated})"}
     try:
         if kwargs.get("compensates") is not None:
-            _compensation_revoked(saga, request, run_id, kwargs, error)
+            _compensation_revoked(saga, request, run_id, kwargs, error, killed)
             return
         step = int(kwargs["step"])
         outcome = saga.store.mark_in_doubt(run_id, step, error, event="revoke")
@@ -253,11 +256,21 @@ def _on_revoked(saga: Saga, request: Any, terminated: bool) -> None:
 
 
 def _compensation_revoked(
-    saga: Saga, request: Any, run_id: str, kwargs: dict[str, Any], error: dict[str, Any]
+    saga: Saga,
+    request: Any,
+    run_id: str,
+    kwargs: dict[str, Any],
+    error: dict[str, Any],
+    killed: bool,
 ) -> None:
-    """Fenced by the unwind's owner: a revoke of a stale chain's message changes nothing."""
+    """Fenced by the unwind's owner: a revoke of a stale chain's message changes nothing. An
+    execution killed by SIGKILL is gone: its lease ends with it; any other revoked execution
+    may still be undoing, and keeps its lease until it reports."""
     step, unwind = int(kwargs["compensates"]), str(kwargs.get("unwind") or "")
-    outcome = saga.store.record_compensation(run_id, step, "revoke", error, owner=unwind)
+    claim = REVOKE_KILLED if killed else ""
+    outcome = saga.store.record_compensation(
+        run_id, step, "revoke", error, claim=claim, owner=unwind
+    )
     if outcome.status != "ok":
         logger.warning("run %s: revoke of undo %d not recorded: %s", run_id, step, outcome)
         return

@@ -1,4 +1,5 @@
 -- ARGV: step, outcome ('done' | 'fail' | 'retry' | 'revoke'), error_json, claim, owner
+-- (for 'revoke', claim 'killed' says the execution died with SIGKILL: its lease ends now)
 -- The stack entry goes only once its compensation is confirmed done. 'done' is the truth and
 -- is taken from whoever ran it; 'fail' and 'retry' only from the execution holding the claim;
 -- 'revoke' only for the current owner's unwind (a stale revoke changes nothing).
@@ -37,7 +38,7 @@ if outcome == 'revoke' and redis.call('HGET', RUN, 'owner') ~= ARGV[5] then retu
 if to == 'done' then
   redis.call('LREM', STACK, 1, redis.call('HGET', COMPS, n .. ':entry'))
   redis.call('HSET', COMPS, n .. ':state', to, n .. ':at', NOW_S, n .. ':claim', '')
-elseif to == 'failed' and outcome == 'revoke' and cs == 'running' then
+elseif to == 'failed' and outcome == 'revoke' and cs == 'running' and ARGV[4] ~= 'killed' then
   -- Revoked while running: the execution may still be undoing (a revoke does not stop a
   -- running task; a terminate takes a moment). Its claim stays, so its lease keeps a requeued
   -- attempt waiting ('busy') until it has run out.
