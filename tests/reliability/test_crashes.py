@@ -153,11 +153,12 @@ def processed(worker: WorkerProcess, task_id: str, times: int = 1) -> bool:
 
 
 def settle(run: Run, timeout: float) -> RunPicture:
-    """The run's picture once it has ended, or as it stands after ``timeout`` seconds."""
+    """The run's picture once it has ended and its record is written (the conclusion writes it
+    just after the fenced state change), or as it stands after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         picture = run.picture()
-        if picture.state.ended or time.monotonic() > deadline:
+        if (picture.state.ended and picture.recorded) or time.monotonic() > deadline:
             return picture
         time.sleep(0.05)
 
