@@ -1569,6 +1569,10 @@ class ModelCheck(RuleBasedStateMachine):
         self.touch(message.info.run_id, "revoke")
         self.say(f"{message.label()} revoked")
         self.engine.revoked(message.published, False)
+        # A delivery of this message that died (its copy sat unacked) never comes back now:
+        # its lease runs out on the Redis clock while nobody redelivers it.
+        alive = {d.message.task_id for d in self.deliveries}
+        self.engine.dead_lease_ran_out(message.info, message.task_id, alive)
 
     @precondition(lambda self: bool(self.blocked()))
     @rule(pick=PICK)
