@@ -54,6 +54,7 @@ class Round:
     peak: int  # most model calls in flight at once
     cpu: float  # CPU seconds per run: the workers' and this process's
     enqueue: float = 0.0  # seconds the hosted runs' enqueues took
+    split: tuple[float, float, float] = (0.0, 0.0, 0.0)  # of cpu: turn workers, tools, caller
 
 
 def environment(tmp: Path, runs: int) -> dict[str, str]:
@@ -75,19 +76,19 @@ def environment(tmp: Path, runs: int) -> dict[str, str]:
     }
 
 
-def group_cpu(pgids: Sequence[int]) -> float:
-    """CPU seconds used so far by the live processes of these process groups (Linux /proc;
-    0 elsewhere). The workers' pool processes live as long as the benchmark, so none of
-    their time is lost to an exit."""
-    total = 0
+def group_cpu(pgids: Sequence[int]) -> dict[int, float]:
+    """CPU seconds used so far by the live processes of each of these process groups (Linux
+    /proc; 0 elsewhere). The workers' pool processes live as long as the benchmark, so none
+    of their time is lost to an exit."""
+    ticks = dict.fromkeys(pgids, 0)
     for entry in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = entry.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) in pgids:  # pgrp; then utime and stime, in clock ticks
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        if int(fields[2]) in ticks:  # pgrp; then utime and stime, in clock ticks
+            ticks[int(fields[2])] += int(fields[11]) + int(fields[12])
+    return {pgid: n / os.sysconf("SC_CLK_TCK") for pgid, n in ticks.items()}
 
 
 def own_cpu() -> float:
@@ -98,28 +99,40 @@ def own_cpu() -> float:
 class Bench:
     """One mode's round: N runs, timed from the first enqueue to the last run recorded."""
 
-    def __init__(self, env: dict[str, str], pgids: Sequence[int], timeout: float) -> None:
+    def __init__(
+        self, env: dict[str, str], turn_pgids: Sequence[int], tool_pgid: int, timeout: float
+    ) -> None:
         from benchmarks import agents_app
         from saga.client import Client
 
         self.app = agents_app
         self.client = Client(broker_url=env["SAGA_BROKER_URL"], redis_url=env["SAGA_REDIS_URL"])
         self.redis = self.client.store.client
-        self.pgids = pgids
+        self.turn_pgids = list(turn_pgids)
+        self.pgids = [*turn_pgids, tool_pgid]
         self.timeout = timeout
 
     def close(self) -> None:
         self.app.saga.store.client.close()
         self.client.store.client.close()
 
-    def _begin(self) -> float:
-        self.redis.delete(self.app.IN_FLIGHT_KEY, self.app.PEAK_KEY)
-        return group_cpu(self.pgids) + own_cpu()
+    def _cpu(self) -> tuple[float, float, float]:
+        """CPU seconds so far: the turn workers', the tool worker's, this process's."""
+        groups = group_cpu(self.pgids)
+        turns = sum(groups[pgid] for pgid in self.turn_pgids)
+        return turns, sum(groups.values()) - turns, own_cpu()
 
-    def _end(self, runs: int, start: float, cpu: float, enqueue: float = 0.0) -> Round:
+    def _begin(self) -> tuple[float, float, float]:
+        self.redis.delete(self.app.IN_FLIGHT_KEY, self.app.PEAK_KEY)
+        return self._cpu()
+
+    def _end(
+        self, runs: int, start: float, cpu: tuple[float, float, float], enqueue: float = 0.0
+    ) -> Round:
         rate = runs / (time.perf_counter() - start)
-        used = (group_cpu(self.pgids) + own_cpu() - cpu) / runs
-        return Round(rate, int(self.redis.get(self.app.PEAK_KEY) or 0), used, enqueue)
+        turns, tools, caller = ((b - a) / runs for a, b in zip(cpu, self._cpu(), strict=True))
+        peak = int(self.redis.get(self.app.PEAK_KEY) or 0)
+        return Round(rate, peak, turns + tools + caller, enqueue, (turns, tools, caller))
 
     def hosted(self, runs: int) -> Round:
         cpu = self._begin()
@@ -193,17 +206,23 @@ def measure(args: argparse.Namespace, bench: Bench) -> tuple[Round, float]:
     def column(rows: list[Round], value: Callable[[Round], Any], spec: str) -> str:
         return " ".join(format(value(row), spec) for row in rows)
 
-    print(f"{'mode':<8}{'runs/s':>20}{'peak in flight':>20}{'CPU s/run':>20}{'enqueue s':>20}")
+    print(
+        f"{'mode':<8}{'runs/s':>18}{'peak in flight':>18}{'CPU s/run':>18}{'enqueue s':>18}"
+        f"{'CPU turns/tools/caller':>26}"
+    )
     for mode, rows in rounds.items():
         enqueue = column(rows, lambda r: r.enqueue, ".2f") if mode == "hosted" else "-"
+        medians = (statistics.median(r.split[k] for r in rows) for k in range(3))
+        split = "/".join(format(m, ".3f") for m in medians)
         print(
-            f"{mode:<8}{column(rows, lambda r: r.rate, '.1f'):>20}"
-            f"{column(rows, lambda r: r.peak, 'd'):>20}"
-            f"{column(rows, lambda r: r.cpu, '.3f'):>20}{enqueue:>20}"
+            f"{mode:<8}{column(rows, lambda r: r.rate, '.1f'):>18}"
+            f"{column(rows, lambda r: r.peak, 'd'):>18}"
+            f"{column(rows, lambda r: r.cpu, '.3f'):>18}{enqueue:>18}{split:>26}"
         )
     print(
         "each round's figure; runs/s from the first enqueue to the last run recorded; peak: "
-        "most fake model calls sleeping at once; targets: peak >= 0.9 N, ratio >= 0.80"
+        "most fake model calls sleeping at once; CPU split: medians, seconds per run; targets: "
+        "peak >= 0.9 N, ratio >= 0.80"
     )
 
     def median(mode: str, value: Callable[[Round], float]) -> float:
@@ -263,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for process in workers:
                 process.start()
-            bench = Bench(env, [process.pid for process in workers], args.timeout)
+            bench = Bench(env, [p.pid for p in workers[:-1]], workers[-1].pid, args.timeout)
             hosted, ratio = measure(args, bench)
         except Exception as exc:
             print(f"benchmark failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -26,6 +26,7 @@ from saga.picture import RunPicture
 from saga.rules import not_undone
 from saga.settings import Settings
 from saga.stack import RunStore
+from saga.transport import use_pooled_client_transport
 
 __all__ = [
     "Client",
@@ -103,6 +104,7 @@ class Client:
             accept_content=["json"],
             broker_connection_retry_on_startup=True,
         )
+        use_pooled_client_transport(self.app)
         if broker_url.startswith("rediss://"):
             self.app.conf.broker_use_ssl = {
                 "ssl_cert_reqs": ssl.CERT_REQUIRED,

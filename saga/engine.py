@@ -42,6 +42,7 @@ from saga.records import EscalationRecord, RecordStore
 from saga.settings import Settings
 from saga.stack import RunStore
 from saga.testing import Faults, faults_enabled
+from saga.transport import use_pooled_client_transport
 from saga.validation import check_deadline, check_flag, check_run_id
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from saga.agents.policies import Policy
     from saga.reaper import ReapReport
     from saga.runs import Run, StepHandle
-    from saga.tools import Tool, ToolRegistry
+from saga.tools import Tool, ToolRegistry
 
 logger = logging.getLogger("saga")
 
@@ -75,6 +76,7 @@ class Saga:
     ) -> None:
         from saga.worker import install
 
+        use_pooled_client_transport(app)
         self.app = app
         self.registry = registry
         self.settings = settings or Settings.from_env()

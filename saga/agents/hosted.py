@@ -265,10 +265,13 @@ def _refusal(agent: Agent, call: ToolCall, i: int, answer: ModelTurn) -> str:
     return rules.beside_writes(call.name, klass, [(n, k) for n, k in others if k is not None])
 
 
-def advance_if_settled(saga: Saga, run_id: str, turn: int) -> None:
+def advance_if_settled(saga: Saga, run_id: str, turn: int, in_flight: int | None = None) -> None:
     """If every call of ``turn`` is refused or settled, mark the turn done (first writer wins)
-    and send the next one. Safe to call any number of times, from anywhere."""
-    if saga.store.in_flight_count(run_id):
+    and send the next one. Safe to call any number of times, from anywhere. ``in_flight``:
+    the run's count of steps in flight, if the caller has just read it."""
+    if in_flight is None:
+        in_flight = saga.store.in_flight_count(run_id)
+    if in_flight:
         # A call is still in flight (a turn's calls are the only steps a hosted run has in
         # flight): whoever settles the last one sees none and reads the whole picture.
         return
@@ -322,9 +325,9 @@ class HostedLoop(RunListener):
 
     def step_settled(self, run_id: str, step: int) -> None:
         turns = TurnStore(self.saga.store, self.saga.settings.max_payload_bytes)
-        marker = turns.call_of(run_id, step)
+        marker, in_flight = turns.call_of(run_id, step)
         if marker:
-            advance_if_settled(self.saga, run_id, int(marker.split(":")[0]))
+            advance_if_settled(self.saga, run_id, int(marker.split(":")[0]), in_flight)
 
     def run_idle(self, run_id: str) -> bool:
         """Send the current turn again (or, if it is done, the next): its message or the

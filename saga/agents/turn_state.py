@@ -307,6 +307,12 @@ class TurnStore:
     def count_revival(self, run_id: str) -> int:
         return int(self.client.hincrby(agent_key(run_id), "revived", 1))
 
-    def call_of(self, run_id: str, step: int) -> str:
-        """The ``<turn>:<call>`` a step was dispatched for ('' for a step of ``run.call``)."""
-        return cast(str, self.client.hget(run_keys(run_id)[1], f"{step}:call") or "")
+    def call_of(self, run_id: str, step: int) -> tuple[str, int]:
+        """The ``<turn>:<call>`` a step was dispatched for ('' for a step of ``run.call``), and
+        how many of the run's steps are in flight: one round trip per settled step."""
+        keys = run_keys(run_id)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hget(keys[1], f"{step}:call")
+            pipe.hlen(keys[2])
+            marker, in_flight = pipe.execute()
+        return cast(str, marker or ""), int(in_flight)
