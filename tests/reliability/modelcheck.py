@@ -1162,7 +1162,8 @@ class ModelCheck(RuleBasedStateMachine):
         self.broker_lock = threading.RLock()
         # Faults.
         self.db_down = False
-        self.reply_to_lose = False
+        #: "" | "any" | "worker": the next store script's reply (a worker's, for "worker") is lost
+        self.reply_to_lose = ""
         self.refuse_publish = ""  # "" | "before" | "after": the next library publish fails
         self.dispatching: tuple[int, str] | None = None  # (agent call, send mode)
         self.internal_publish = False
@@ -1271,12 +1272,12 @@ class ModelCheck(RuleBasedStateMachine):
         self.enqueue(message.published, message.info, message.retries + 1)
 
     def hook_lose_reply(self, script: str, run_id: str) -> bool:
-        if not self.reply_to_lose:
-            return False
-        self.reply_to_lose = False
         # Outside a worker, the caller (agent, operator, reaper) sees the error: what it leaves
         # behind may rightly wait for the reaper. A worker retries by itself.
         side = "worker" if current_delivery() is not None else "client"
+        if not self.reply_to_lose or (self.reply_to_lose == "worker" and side != "worker"):
+            return False
+        self.reply_to_lose = ""
         self.touch(run_id, f"lost-reply-{side}:{script}")
         return True
 
@@ -1713,6 +1714,7 @@ class ModelCheck(RuleBasedStateMachine):
                 "undo_fails_2",
                 "undo_fails_3",
                 "lose_next_reply",
+                "lose_next_worker_reply",
                 "refuse_next_publish",
                 "publish_then_fail",
                 "db_down",
@@ -1724,14 +1726,16 @@ class ModelCheck(RuleBasedStateMachine):
     def fault(self, kind: str) -> None:
         """``undo_fails_N``: the systems behind the compensations fail the next N undo calls
         (retryably). ``lose_next_reply``: the next store script runs on the server, its reply
-        is lost on the way back. ``refuse_next_publish``: the broker refuses the library's
+        is lost on the way back; ``lose_next_worker_reply``: the same, for the next script a
+        worker runs (a step's or an undo's outcome: the replies whose loss a retry must
+        survive, however many client calls come first). ``refuse_next_publish``: the broker refuses the library's
         next publish; ``publish_then_fail``: it takes the message, the caller sees an error.
         ``db_down`` / ``db_up``: the records database goes away / comes back."""
         if kind.startswith("undo_fails_"):
             WORLD.undo_failures = int(kind.rsplit("_", 1)[1])
             self.undo_fault_epoch += 1
-        elif kind == "lose_next_reply":
-            self.reply_to_lose = True
+        elif kind in ("lose_next_reply", "lose_next_worker_reply"):
+            self.reply_to_lose = "any" if kind == "lose_next_reply" else "worker"
         elif kind in ("refuse_next_publish", "publish_then_fail"):
             self.refuse_publish = "before" if kind == "refuse_next_publish" else "after"
         else:
@@ -1798,7 +1802,7 @@ class ModelCheck(RuleBasedStateMachine):
         the reaper runs with the clock moving forward; then every run must have ended as the
         world says it should."""
         self.db_down = False
-        self.reply_to_lose = False
+        self.reply_to_lose = ""
         self.refuse_publish = ""
         WORLD.undo_failures = 0
         if self.reaper is not None:
