@@ -340,6 +340,7 @@ def _forward(
         log("run %s step %d (%s) not run: %s", run_id, step, tool.name, begin)
         raise Ignore()
     attempt, feed_back = int(begin.values[0]), begin.values[1] == "feed_back"
+    orphaned = len(begin.values) > 2 and str(begin.values[2]) == "1"
     if attempt > tool.retry.attempts + saga.settings.max_redeliveries:
         # Only redeliveries push this far (the worker died mid-step each time): stop looping,
         # and let the lookup say whether the effect happened.
@@ -363,7 +364,8 @@ def _forward(
             metrics.step(tool.name, "retried")
             raise task.retry(exc=exc, countdown=countdown) from exc
         event = "reject" if feed_back else "fail"
-        _settle_final_failure(saga, tool, run_id, step, args, _error(exc, attempt), event)
+        error = _error(exc, attempt)
+        _settle_final_failure(saga, tool, run_id, step, args, error, event, orphaned)
         raise
     _settle_success_patiently(saga, tool, run_id, step, args, result)
     return result
@@ -382,11 +384,26 @@ def _settle_final_failure(
     args: dict[str, Any],
     error: dict[str, Any],
     event: str = "fail",
+    orphaned: bool = False,
 ) -> None:
     """A write that raised may still have had its effect (a timeout after the request went
     out): where the tool declares a lookup, ask it before concluding that nothing happened.
-    ``event``: ``fail`` (the run unwinds) or ``reject`` (its agent feeds failures back)."""
-    if tool.lookup is not None and tool.tool_class is not None and tool.tool_class.is_write:
+    ``event``: ``fail`` (the run unwinds) or ``reject`` (its agent feeds failures back).
+
+    ``orphaned``: an earlier delivery began the step and died without an outcome. That this
+    attempt raised says nothing about what the dead one did: without a lookup to ask, the
+    step is in doubt (a person is told), never taken as not applied."""
+    writes = tool.tool_class is not None and tool.tool_class.is_write
+    if orphaned and writes and tool.lookup is None:
+        message = (
+            f"{error.get('message', 'failed')}; an earlier delivery began this step and died "
+            "without an outcome, and the tool has no lookup to tell whether it happened"
+        )
+        logger.warning("run %s step %d (%s) failed: %s", run_id, step, tool.name, message)
+        mark_in_doubt(saga, run_id, step, {**error, "message": message})
+        metrics.step(tool.name, "failed")
+        return
+    if tool.lookup is not None and writes:
         try:
             found = tool.lookup(step_idempotency_key(run_id, step), args)
         except Exception as exc:

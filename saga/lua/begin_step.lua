@@ -23,6 +23,11 @@ end
 if st == 'rejected' then
   return {'rejected', redis.call('HGET', STEPS, n .. ':error') or '', still_mine(owner)}
 end
+if st == 'skipped' then
+  -- Skipped by an earlier delivery (or by this one, its reply lost): if that call came to own
+  -- the unwind and its chain was never sent, this one sends it.
+  return {'skip', still_mine(owner)}
+end
 if st == 'dispatched' and run_state ~= 'running' then
   -- Never started, and the run is already failing: running it now would only add work to undo.
   redis.call('HSET', STEPS, n .. ':state', move('step', st, 'skip'))
@@ -33,17 +38,26 @@ if st == 'dispatched' and run_state ~= 'running' then
 end
 local to = move('step', st, 'begin')
 if not to then return {st} end  -- skipped, not_dispatched, in_doubt: nothing to run
-if st == 'running' and redis.call('HGET', STEPS, n .. ':claim') == ARGV[4] then
+local prior = redis.call('HGET', STEPS, n .. ':claim')
+if st == 'running' and prior == ARGV[4] then
   -- This very delivery again (its first reply was lost): what the first call decided.
   return {'run', tonumber(redis.call('HGET', STEPS, n .. ':attempts')),
-    redis.call('HGET', STEPS, n .. ':on_failure') or ''}
+    redis.call('HGET', STEPS, n .. ':on_failure') or '',
+    redis.call('HGET', STEPS, n .. ':orphaned') or '0'}
 end
 local busy = leased(STEPS, n)
 if busy then return {'busy', string.format('%.3f', busy)} end
+if st == 'running' and prior and prior ~= '' then
+  -- An earlier delivery began the step and vanished without an outcome (a retry clears the
+  -- claim; only a death leaves it): whatever that delivery did may have happened.
+  redis.call('HSET', STEPS, n .. ':orphaned', '1')
+end
 redis.call('HSET', STEPS, n .. ':state', to, n .. ':started', NOW_S, n .. ':claim', ARGV[4],
   n .. ':lease', string.format('%.6f', NOW + tonumber(ARGV[5])))
 local attempts = redis.call('HINCRBY', STEPS, n .. ':attempts', 1)
 bump()
 -- How a final failure of this step is recorded: 'feed_back' (the agent is told; the run goes
--- on) or '' (the run unwinds).
-return {'run', attempts, redis.call('HGET', STEPS, n .. ':on_failure') or ''}
+-- on) or '' (the run unwinds); and whether an earlier delivery died in it ('1'), so that a
+-- final failure of this one cannot tell that nothing happened.
+return {'run', attempts, redis.call('HGET', STEPS, n .. ':on_failure') or '',
+  redis.call('HGET', STEPS, n .. ':orphaned') or '0'}

@@ -18,7 +18,7 @@ from typing import Any
 from celery import Celery
 from celery.exceptions import Ignore
 
-from saga import Saga, Settings, StepContext, ToolClass, ToolRegistry, Undo
+from saga import RetryPolicy, Saga, Settings, StepContext, ToolClass, ToolRegistry, Undo
 from saga.constants import ACTIVE_RUNS_KEY, CONCLUDE_UNWIND_TASK, run_keys
 from saga.worker import _compensate, _forward
 
@@ -69,6 +69,9 @@ class World:
     reversals: list[str] = field(default_factory=list)
     failing_reversals: int = 0
     calls: list[tuple[str, int]] = field(default_factory=list)
+    holds: dict[str, str] = field(default_factory=dict)  # held stock by key: its sku
+    releases: list[str] = field(default_factory=list)
+    failing_holds: int = 0  # the stock system's next N calls fail (before any effect)
 
 
 class Harness:
@@ -223,6 +226,26 @@ def _registry(world: World) -> ToolRegistry:
         if ctx.idempotency_key not in world.reversals:
             world.reversals.append(ctx.idempotency_key)
         return {"reversed": credit_id}
+
+    @tools.tool(
+        ToolClass.REVERSIBLE_WRITE,
+        compensation=lambda args, result: Undo("release_stock", {"hold_id": result["hold_id"]}),
+        retry=RetryPolicy(attempts=2),
+    )
+    def hold_stock(ctx: StepContext, sku: str) -> dict[str, Any]:
+        """Hold stock (idempotent by key; no lookup)."""
+        world.calls.append(("hold_stock", ctx.attempt))
+        if world.failing_holds > 0:
+            world.failing_holds -= 1
+            raise RuntimeError("stock service 503")
+        world.holds.setdefault(ctx.idempotency_key, sku)
+        return {"hold_id": ctx.idempotency_key}
+
+    @tools.compensation()
+    def release_stock(ctx: StepContext, hold_id: str) -> dict[str, Any]:
+        world.holds.pop(hold_id, None)
+        world.releases.append(hold_id)
+        return {"released": hold_id}
 
     @tools.tool(ToolClass.IRREVERSIBLE_WRITE)
     def send_mail(ctx: StepContext, to: str) -> dict[str, Any]:

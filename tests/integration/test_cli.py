@@ -34,6 +34,9 @@ from tests.integration.helpers import EMAIL, TICKET, demo_steps, wait_until
 from tests.integration.test_records import POSTGRES_URL
 
 pytestmark = pytest.mark.timeout(300)
+#: For the commands whose answers do not depend on the records' database: SQLite only (the
+#: others run on both, SQLite and PostgreSQL).
+SQLITE_ONLY = pytest.mark.parametrize("world", ["sqlite"], indirect=True)
 
 SAGA = str(Path(sys.executable).with_name("saga"))
 
@@ -213,6 +216,7 @@ def test_escalations_lists_the_open_escalation_as_json(world: World, escalated: 
     assert item["live"] == 1
 
 
+@SQLITE_ONLY
 def test_escalation_markdown_holds_the_whole_picture_and_the_requeue_command(
     world: World, escalated: str
 ) -> None:
@@ -258,6 +262,7 @@ def test_escalation_json_is_the_versioned_package(world: World, escalated: str) 
     assert package["commands"]["requeue"] == f"saga requeue {escalated}"
 
 
+@SQLITE_ONLY
 def test_escalation_card_and_show_draw_the_timeline(world: World, escalated: str) -> None:
     # When the card and the run are shown in the terminal
     card = world.cli("escalation", "show", f"{escalated}:0")
@@ -294,6 +299,7 @@ def test_runs_filters_by_state_tool_and_time(world: World, escalated: str) -> No
     assert world.cli("runs", "--since", "yesterday-ish").returncode == 2
 
 
+@SQLITE_ONLY
 def test_read_only_commands_never_import_the_app(world: World, escalated: str) -> None:
     """Looking needs only the URLs; acting needs the app, and says so (exit 2)."""
     bad = ("--app", "no_such_module:saga")
@@ -404,6 +410,7 @@ def test_resolve_closes_an_escalation_past_the_pivot_with_a_note(world: World) -
     assert world.cli("resolve", escalation_id, "--note", " ").returncode == 2
 
 
+@SQLITE_ONLY
 def test_unknown_runs_and_escalations_exit_3(world: World) -> None:
     for args in (
         ["show", "no-such-run"],
@@ -416,6 +423,7 @@ def test_unknown_runs_and_escalations_exit_3(world: World) -> None:
     assert world.cli("show", "not a run id").returncode == 2
 
 
+@SQLITE_ONLY
 def test_reap_runs_one_pass(world: World) -> None:
     done = world.cli("reap", "--json")
     assert done.returncode == 0, done.stderr
@@ -468,6 +476,7 @@ def test_doctor_finds_a_healthy_deployment(world: World, beat: Any) -> None:
     assert world.cli("doctor").returncode == 0
 
 
+@SQLITE_ONLY
 def test_doctor_without_beat_or_with_an_evicting_redis_exits_1(world: World) -> None:
     # Given no reaper pass was ever recorded on a fresh database of the same Redis
     url = world.env["SAGA_REDIS_URL"].rsplit("/", 1)[0] + "/5"

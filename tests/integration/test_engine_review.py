@@ -304,6 +304,69 @@ def test_defect_9_a_lost_reply_to_record_success_keeps_unwind_ownership(h: Harne
     assert h.world.reversals == [f"{run_id}:{step}:undo"]
 
 
+def test_a_lost_reply_to_a_begin_that_skipped_the_step_still_starts_the_unwind(
+    h: Harness,
+) -> None:
+    """Defect 9's rule for ``begin_step``: the call that skipped a never-started step of an
+    aborted run came to own the unwind; its reply was lost, and the repeat must still start
+    it (found by the model check: the run stayed unwinding until its deadline)."""
+    run_id = h.start()
+    first = issued(h, run_id)
+    step = credit_step(h, run_id)
+    message = h.take(CREDIT, step=step)
+    h.saga.abort(run_id, "user cancelled")  # step 2 is in flight: nobody owns the unwind yet
+    store = h.saga.store
+    skipped = store.begin_step(run_id, step, "issue_credit", '{"amount":100}', "lost", 30.0)
+    assert skipped.status == "skip" and skipped.owns_unwind  # ... and this answer is lost
+    h.deliver(message)  # the repeat
+    h.drain()
+    picture = h.saga.picture(run_id)
+    assert picture.step(step).state is StepState.SKIPPED
+    assert picture.state is RunState.COMPENSATED
+    assert h.world.reversals == [f"{run_id}:{first}:undo"]
+
+
+def test_a_final_failure_after_a_delivery_died_in_the_step_is_in_doubt_not_failed(
+    h: Harness,
+) -> None:
+    """A delivery held the stock and died before reporting; the redelivery's call then fails
+    for good. That failure says nothing about the dead delivery's hold, and the tool has no
+    lookup: the step is in doubt and the run ends escalated naming it, never compensated
+    with the hold live (found by the model check)."""
+    run_id = h.start()
+    step = h.saga.dispatch(run_id, "hold_stock", {"sku": "sku-1"}).step
+    message = h.take("tools.hold_stock", step=step)
+    store = h.saga.store
+    died = store.begin_step(run_id, step, "hold_stock", '{"sku":"sku-1"}', "dead/1", 0.0)
+    assert died.status == "run"
+    key = step_idempotency_key(run_id, step)
+    h.world.holds[key] = "sku-1"  # its effect, never reported
+    h.world.failing_holds = 1
+    assert isinstance(h.deliver(message), RuntimeError)  # attempt 2 of 2 raised
+    h.drain()
+    picture = h.saga.picture(run_id)
+    assert picture.step(step).state is not StepState.FAILED
+    assert picture.state is RunState.ESCALATED
+    assert f"step {step} (hold_stock) in doubt" in picture.doubt
+    assert "an earlier delivery began this step and died" in picture.step(step).error["message"]
+    assert h.world.holds == {key: "sku-1"}  # nothing pretended to release it
+
+
+def test_a_final_failure_with_no_death_before_it_still_fails_the_step(h: Harness) -> None:
+    """Without a dead delivery, a tool without a lookup that raised is taken at its word."""
+    run_id = h.start()
+    step = h.saga.dispatch(run_id, "hold_stock", {"sku": "sku-1"}).step
+    message = h.take("tools.hold_stock", step=step)
+    h.world.failing_holds = 2
+    assert isinstance(h.deliver(message), Exception)  # attempt 1: retried
+    h.saga.store.client.hset(run_keys(run_id)[1], f"{step}:lease", "0")  # its countdown ends
+    assert isinstance(h.deliver(h.take("tools.hold_stock", step=step)), RuntimeError)
+    h.drain()
+    picture = h.saga.picture(run_id)
+    assert picture.step(step).state is StepState.FAILED
+    assert picture.state is RunState.COMPENSATED
+
+
 def test_defect_11_the_reaper_leaves_a_running_compensation_alone(h: Harness) -> None:
     """A slow undo under its lease is progress: no take-over, no second execution (r6)."""
     run_id = h.start(deadline=1)

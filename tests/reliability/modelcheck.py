@@ -1728,8 +1728,9 @@ class ModelCheck(RuleBasedStateMachine):
         (retryably). ``lose_next_reply``: the next store script runs on the server, its reply
         is lost on the way back; ``lose_next_worker_reply``: the same, for the next script a
         worker runs (a step's or an undo's outcome: the replies whose loss a retry must
-        survive, however many client calls come first). ``refuse_next_publish``: the broker refuses the library's
-        next publish; ``publish_then_fail``: it takes the message, the caller sees an error.
+        survive, however many client calls come first). ``refuse_next_publish``: the broker
+        refuses the library's next publish; ``publish_then_fail``: it takes the message, the
+        caller sees an error.
         ``db_down`` / ``db_up``: the records database goes away / comes back."""
         if kind.startswith("undo_fails_"):
             WORLD.undo_failures = int(kind.rsplit("_", 1)[1])
