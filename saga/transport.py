@@ -26,22 +26,22 @@ __all__ = ["Channel", "Transport", "use_pooled_client_transport"]
 TRANSPORT = "saga.transport:Transport"
 
 
-class Channel(kombu_redis.Channel):  # type: ignore[misc]
+class Channel(kombu_redis.Channel):
     """A Redis channel whose synchronous client is made once per connection pool."""
 
     _shared_client: Any = None
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:  # the BRPOP/LISTEN clients are made once already (cached properties)
-            return super()._create_client(asynchronous=True)
+            return super()._create_client(asynchronous=True)  # type: ignore[no-untyped-call]
         client = self._shared_client
         # kombu drops its pools when the channel closes or reconnects: follow it to the new one.
         if client is None or client.connection_pool is not self.pool:
-            client = self._shared_client = super()._create_client()
+            client = self._shared_client = super()._create_client()  # type: ignore[no-untyped-call]
         return client
 
 
-class Transport(kombu_redis.Transport):  # type: ignore[misc]
+class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
