@@ -422,14 +422,19 @@ class Engine:
         )
         _on_revoked(self.saga, request, terminated)
 
-    def lease_ran_out(self, info: MessageInfo) -> None:
+    def lease_ran_out(self, info: MessageInfo, alive: frozenset[str] = frozenset()) -> None:
         """The delivery of this step or undo died and its message comes back only after the
-        visibility timeout: by then its lease (Redis clock) has run out."""
+        visibility timeout: by then its lease (Redis clock) has run out. Not the lease of a
+        copy of the message still running (``alive``: the task ids of running deliveries): a
+        duplicate may have begun later, and its lease outlasts the restore."""
         from saga.constants import run_keys
 
         if info.step is None or info.kind not in ("step", "undo"):
             return
         key = run_keys(info.run_id)[1 if info.kind == "step" else 4]
+        claim = self.saga.store.client.hget(key, f"{info.step}:claim") or ""
+        if claim.split("/", 1)[0] in alive:
+            return
         if self.saga.store.client.hexists(key, f"{info.step}:lease"):
             self.saga.store.client.hset(key, f"{info.step}:lease", "0")
 
@@ -1549,7 +1554,8 @@ class ModelCheck(RuleBasedStateMachine):
         if action == "redeliver":
             if self.unacked:
                 message = self.pop(self.unacked, pick)
-                self.engine.lease_ran_out(message.info)
+                alive = frozenset(d.message.task_id for d in self.deliveries)
+                self.engine.lease_ran_out(message.info, alive)
                 with self.broker_lock:
                     self.ready.append(message)
             return
