@@ -71,8 +71,15 @@ def reconcile(saga: Saga, run_id: str, step: int) -> str:
     ``not_happened`` (nothing to undo) or ``unknown`` (no lookup, or it failed: a person must
     look). Never raises for the tool's sake: a lookup that fails, a result that cannot be
     recorded or a tool gone from this deploy all end in a recorded, escalated verdict."""
-    record = saga.picture(run_id).step(step)
+    picture = saga.picture(run_id)
+    record = picture.step(step)
     if record.state is not StepState.IN_DOUBT:
+        # Settled already: by this caller's own first try, whose reply was lost, maybe. If that
+        # try came to own the unwind and nobody sent it, send it now.
+        owner = f"step:{step}"
+        unsent = picture.extra.get("owner") == owner and picture.extra.get("sent") == "0"
+        if picture.state is RunState.UNWINDING and unsent:
+            saga.start_unwind(run_id, owner)
         return "settled"
     verdict, result, why = "unknown", None, "nothing could tell whether it happened"
     tool: Tool | None = None

@@ -345,7 +345,10 @@ def _forward(
         # Only redeliveries push this far (the worker died mid-step each time): stop looping,
         # and let the lookup say whether the effect happened.
         message = f"started {attempt - 1} times without an outcome (a crash loop?)"
-        mark_in_doubt(saga, run_id, step, {"type": "AttemptsExceeded", "message": message})
+        error = {"type": "AttemptsExceeded", "message": message}
+        _patiently(
+            saga, f"run {run_id} step {step}: in doubt", mark_in_doubt, saga, run_id, step, error
+        )
         raise StepInDoubtError(f"run {run_id} step {step} ({tool.name}): {message}")
     ctx = StepContext(run_id, step, step_idempotency_key(run_id, step), attempt)
     try:
@@ -360,7 +363,16 @@ def _forward(
     except Exception as exc:
         if _retryable(exc) and tool.retry.allows_another(attempt):
             countdown = tool.retry.delay(attempt)
-            store.record_retry(run_id, step, _error(exc, attempt), countdown + saga.lease_seconds)
+            hold = countdown + saga.lease_seconds
+            _patiently(
+                saga,
+                f"run {run_id} step {step}: the retry",
+                store.record_retry,
+                run_id,
+                step,
+                _error(exc, attempt),
+                hold,
+            )
             metrics.step(tool.name, "retried")
             raise task.retry(exc=exc, countdown=countdown) from exc
         event = "reject" if feed_back else "fail"
@@ -400,7 +412,10 @@ def _settle_final_failure(
             "without an outcome, and the tool has no lookup to tell whether it happened"
         )
         logger.warning("run %s step %d (%s) failed: %s", run_id, step, tool.name, message)
-        mark_in_doubt(saga, run_id, step, {**error, "message": message})
+        error = {**error, "message": message}
+        _patiently(
+            saga, f"run {run_id} step {step}: in doubt", mark_in_doubt, saga, run_id, step, error
+        )
         metrics.step(tool.name, "failed")
         return
     if tool.lookup is not None and writes:
@@ -409,7 +424,15 @@ def _settle_final_failure(
         except Exception as exc:
             logger.exception("run %s step %d: lookup after the failure failed", run_id, step)
             error = {**error, "lookup": f"{type(exc).__name__}: {exc}"}
-            mark_in_doubt(saga, run_id, step, error)
+            _patiently(
+                saga,
+                f"run {run_id} step {step}: in doubt",
+                mark_in_doubt,
+                saga,
+                run_id,
+                step,
+                error,
+            )
             return
         if found is not None:
             logger.warning(
@@ -425,7 +448,15 @@ def _settle_final_failure(
 
 
 def _record_failure(saga: Saga, run_id: str, step: int, error: dict[str, Any], event: str) -> None:
-    outcome = saga.store.record_failure(run_id, step, error, event)
+    outcome = _patiently(
+        saga,
+        f"run {run_id} step {step}: the failure",
+        saga.store.record_failure,
+        run_id,
+        step,
+        error,
+        event,
+    )
     if outcome.owns_unwind:
         saga.start_unwind(run_id, f"step:{step}")
     saga.step_settled(run_id, step)
@@ -528,7 +559,7 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
     if attempt > tool.retry.attempts + saga.settings.max_redeliveries:
         message = f"started {attempt - 1} times without an outcome (a crash loop?)"
         error = {"type": "AttemptsExceeded", "message": message}
-        store.record_compensation(run_id, step, "fail", error, claim=claim)
+        _record_compensation(saga, run_id, step, "fail", error, claim)
         metrics.compensation(tool.name, "failed")
         _continue_chain(task)
         raise StepInDoubtError(f"run {run_id}: compensation of step {step}: {message}")
@@ -539,10 +570,10 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
         _strike(saga, "after_compensation", tool)
     except Exception as exc:
         if _retryable(exc) and tool.retry.allows_another(attempt):
-            store.record_compensation(run_id, step, "retry", _error(exc, attempt), claim=claim)
+            _record_compensation(saga, run_id, step, "retry", _error(exc, attempt), claim)
             metrics.compensation(tool.name, "retried")
             raise task.retry(exc=exc, countdown=tool.retry.delay(attempt)) from exc
-        store.record_compensation(run_id, step, "fail", _error(exc, attempt), claim=claim)
+        _record_compensation(saga, run_id, step, "fail", _error(exc, attempt), claim)
         metrics.compensation(tool.name, "failed")
         logger.error(
             "run %s: compensation %s of step %d failed for good after %d attempt(s): %s",
@@ -554,9 +585,26 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
         )
         _continue_chain(task)
         raise
-    store.record_compensation(run_id, step, "done", claim=claim)
+    _record_compensation(saga, run_id, step, "done", None, claim)
     metrics.compensation(tool.name, "done")
     return {"compensated": step}
+
+
+def _record_compensation(
+    saga: Saga, run_id: str, step: int, outcome: str, error: dict[str, Any] | None, claim: str
+) -> None:
+    """An undo's outcome, kept however briefly the stack's Redis is away (a repeat whose first
+    call landed is answered as a duplicate)."""
+    _patiently(
+        saga,
+        f"run {run_id} undo {step}: {outcome}",
+        saga.store.record_compensation,
+        run_id,
+        step,
+        outcome,
+        error,
+        claim,
+    )
 
 
 def _continue_chain(task: Task) -> None:

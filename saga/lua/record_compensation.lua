@@ -28,6 +28,10 @@ if cs ~= 'running' and ARGV[4] ~= '' and redis.call('HGET', COMPS, n .. ':claim'
 end
 if cs == 'done' then return {'dup'} end
 if outcome == 'fail' and cs == 'failed' then return {'dup'} end
+if outcome == 'retry' and cs == 'pending' and ARGV[4] ~= ''
+    and redis.call('HGET', COMPS, n .. ':retried_by') == ARGV[4] then
+  return {'dup'}  -- this execution's retry again (its first reply was lost)
+end
 local to = move('comp', cs, outcome)
 if not to then return illegal('comp', cs, outcome) end
 if (outcome == 'fail' or outcome == 'retry') and cs == 'running'
@@ -47,8 +51,9 @@ elseif to == 'failed' then
   redis.call('HSET', COMPS, n .. ':state', to, n .. ':error', ARGV[3], n .. ':at', NOW_S,
     n .. ':claim', '')
   keep_error(ARGV[3])
-else
-  redis.call('HSET', COMPS, n .. ':state', to, n .. ':error', ARGV[3], n .. ':claim', '')
+else  -- retry: the claim is released for the next attempt; who retried is kept for a repeat
+  redis.call('HSET', COMPS, n .. ':state', to, n .. ':error', ARGV[3], n .. ':claim', '',
+    n .. ':retried_by', ARGV[4])
   keep_error(ARGV[3])
 end
 bump()

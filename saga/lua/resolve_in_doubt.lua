@@ -4,7 +4,10 @@
 -- like any other, a missing one needs nothing, an unknown one is handed to a person.
 local n = ARGV[1]
 local st = redis.call('HGET', STEPS, n .. ':state')
-if st ~= 'in_doubt' or redis.call('HEXISTS', INFLIGHT, n) == 0 then return {'dup', 0} end
+if st ~= 'in_doubt' or redis.call('HEXISTS', INFLIGHT, n) == 0 then
+  -- Settled already (by this caller's first try, its reply lost, maybe): what it decided.
+  return {'dup', still_mine('step:' .. n)}
+end
 local to = move('step', st, ARGV[2])
 if not to then return illegal('step', st, ARGV[2]) end
 local words = {found = 'happened', not_found = 'not_happened', unknown = 'unknown'}

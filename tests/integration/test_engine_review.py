@@ -690,3 +690,79 @@ def test_a_lost_reply_to_a_begin_is_repeated_by_the_same_delivery(h: Harness, sc
     assert lost["left"] == 0
     assert h.saga.picture(run_id).state is RunState.COMPENSATED
     assert h.world.reversals == [f"{run_id}:1:undo"]
+
+
+def _losing_one_reply(h: Harness, script: str, outcome: str = "") -> dict[str, int]:
+    """Make the next call of ``script`` (with ``outcome`` as its fourth argument, if given)
+    run on the server and lose its reply, as a connection reset after the EVALSHA would."""
+    from saga.errors import StoreUnavailableError
+
+    store, real = h.saga.store, h.saga.store._call
+    lost = {"left": 1}
+
+    def lose_one(name: str, rid: str, *args: Any, **kw: Any) -> Any:
+        answer = real(name, rid, *args, **kw)
+        if name == script and lost["left"] and (not outcome or args[1] == outcome):
+            lost["left"] -= 1
+            raise StoreUnavailableError("the reply was lost")
+        return answer
+
+    store._call = lose_one  # type: ignore[method-assign]
+    return lost
+
+
+@pytest.mark.parametrize("script", ["record_retry", "record_failure"])
+def test_a_lost_reply_to_a_steps_failure_keeps_its_unwind(h: Harness, script: str) -> None:
+    """Found by the model check: the worker's failure (or retry) ran on the server and its
+    reply was lost; the worker asks again and still retries, or starts the unwind it came to
+    own, instead of failing the task and leaving the run to the reaper."""
+    run_id = h.start()
+    first = issued(h, run_id)
+    step = h.saga.dispatch(run_id, "hold_stock", {"sku": "sku-1"}).step
+    h.world.failing_holds = 2  # both attempts fail before any effect
+    lost = _losing_one_reply(h, script)
+    assert isinstance(h.deliver(h.take("tools.hold_stock", step=step)), Exception)
+    h.saga.store.client.hset(run_keys(run_id)[1], f"{step}:lease", "0")  # the countdown ends
+    h.drain()
+    assert lost["left"] == 0
+    picture = h.saga.picture(run_id)
+    assert picture.step(step).state is StepState.FAILED
+    assert picture.state is RunState.COMPENSATED
+    assert h.world.reversals == [f"{run_id}:{first}:undo"]
+
+
+@pytest.mark.parametrize("outcome", ["retry", "done"])
+def test_a_lost_reply_to_an_undos_outcome_is_answered_as_a_repeat(
+    h: Harness, outcome: str
+) -> None:
+    """Found by the model check: an undo's retry (or its success) was recorded and the reply
+    lost; the repeat is a duplicate, not an illegal move, and the unwind goes on."""
+    run_id = h.start()
+    first = issued(h, run_id)
+    h.world.failing_reversals = 1 if outcome == "retry" else 0
+    lost = _losing_one_reply(h, "record_compensation", outcome)
+    h.saga.abort(run_id, "cancelled")
+    for _ in range(5):
+        h.drain()
+        h.saga.store.client.hset(run_keys(run_id)[4], "1:lease", "0")  # a countdown ends
+        if not h.queue:
+            break
+    assert lost["left"] == 0
+    assert h.saga.picture(run_id).state is RunState.COMPENSATED
+    assert h.world.reversals == [f"{run_id}:{first}:undo"]
+
+
+def test_a_lost_reply_to_an_in_doubt_verdict_still_starts_the_unwind(h: Harness) -> None:
+    """Found by the model check: the crash-looping step's verdict (in doubt, reconciled) was
+    recorded and the reply lost; the worker asks again, finds it settled, and still sends the
+    unwind that verdict came to own."""
+    run_id = h.start()
+    step = h.saga.dispatch(run_id, "hold_stock", {"sku": "sku-1"}).step
+    died = h.saga.store.begin_step(run_id, step, "hold_stock", '{"sku":"sku-1"}', "dead/1", 0.0)
+    assert died.status == "run"
+    h.world.failing_holds = 1
+    lost = _losing_one_reply(h, "resolve_in_doubt")
+    assert isinstance(h.deliver(h.take("tools.hold_stock", step=step)), RuntimeError)
+    h.drain()
+    assert lost["left"] == 0
+    assert h.saga.picture(run_id).state is RunState.ESCALATED
