@@ -732,9 +732,7 @@ def test_a_lost_reply_to_a_steps_failure_keeps_its_unwind(h: Harness, script: st
 
 
 @pytest.mark.parametrize("outcome", ["retry", "done"])
-def test_a_lost_reply_to_an_undos_outcome_is_answered_as_a_repeat(
-    h: Harness, outcome: str
-) -> None:
+def test_a_lost_reply_to_an_undos_outcome_is_answered_as_a_repeat(h: Harness, outcome: str) -> None:
     """Found by the model check: an undo's retry (or its success) was recorded and the reply
     lost; the repeat is a duplicate, not an illegal move, and the unwind goes on."""
     run_id = h.start()
