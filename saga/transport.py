@@ -10,7 +10,9 @@ its own (each command borrows one from the pool, as before) and redis-py clients
 share between threads, so one per channel changes nothing but the cost.
 
 ``use_pooled_client_transport(app)`` selects it for an app whose broker is Redis, unless the
-app names a transport of its own; Saga and the web client call it.
+app names a transport of its own; Saga and the web client call it. It is registered with kombu
+as ``saga-redis`` (``saga-rediss`` for TLS): the scheme the worker's "Connected to" line and
+Flower show.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlparse
 
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
-__all__ = ["Channel", "Transport", "use_pooled_client_transport"]
+__all__ = ["ALIASES", "Channel", "Transport", "use_pooled_client_transport"]
 
-#: What ``broker_transport`` is set to (kombu resolves ``module:Class``).
-TRANSPORT = "saga.transport:Transport"
+#: The broker URL's scheme → what ``broker_transport`` is set to (a kombu transport alias).
+ALIASES = {"redis": "saga-redis", "rediss": "saga-rediss"}
+for _alias in ALIASES.values():
+    TRANSPORT_ALIASES.setdefault(_alias, "saga.transport:Transport")
 
 
 class Channel(kombu_redis.Channel):
@@ -51,5 +56,6 @@ def use_pooled_client_transport(app: Any) -> None:
     if conf.get("broker_transport"):
         return
     url = conf.get("broker_url") or ""
-    if isinstance(url, str) and urlparse(url).scheme in ("redis", "rediss"):
-        conf.broker_transport = TRANSPORT
+    scheme = urlparse(url).scheme if isinstance(url, str) else ""
+    if scheme in ALIASES:
+        conf.broker_transport = ALIASES[scheme]

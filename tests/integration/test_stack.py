@@ -357,9 +357,9 @@ def test_begin_step_counts_attempts_and_replays_outcomes(store: RunStore, new_ru
     good = reserve(store, run_id, "get_order", ToolClass.READ)
     bad = reserve(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
 
-    assert begin(store, run_id, good) == Outcome("run", (1, ""))
+    assert begin(store, run_id, good) == Outcome("run", (1, "", "0"))
     assert begin(store, run_id, good).status == "busy"  # the first delivery holds its lease
-    assert begin(store, run_id, bad) == Outcome("run", (1, ""))
+    assert begin(store, run_id, bad) == Outcome("run", (1, "", "0"))
     succeed(store, run_id, good)
     fail(store, run_id, bad, "card declined")
 
@@ -372,6 +372,21 @@ def test_begin_step_counts_attempts_and_replays_outcomes(store: RunStore, new_ru
     assert store.picture(run_id).step(good).attempts == 1  # type: ignore[union-attr]
     assert begin(store, run_id, 99) == Outcome("unknown")
     assert begin(store, uuid.uuid4().hex, 1) == Outcome("unknown")
+
+
+def test_begin_after_a_delivery_vanished_in_the_step_says_so(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """Taking over a claim whose lease ran out (its delivery died) marks the step orphaned:
+    a final failure of a later attempt cannot tell that nothing happened. A retry releases
+    its claim, so the attempt after a retry is not taken for a death."""
+    run_id = new_run()
+    step = reserve(store, run_id, "set_ticket_status", ToolClass.REVERSIBLE_WRITE)
+    assert begin(store, run_id, step).values[2] == "0"
+    store.record_retry(run_id, step, {"message": "503"}, 0.0)
+    assert begin(store, run_id, step).values[2] == "0"  # the retry's attempt: no death
+    store.client.hset(run_keys(run_id)[1], f"{step}:lease", "0")  # that delivery died
+    assert begin(store, run_id, step).values[2] == "1"
 
 
 def test_dispatched_step_of_an_unwinding_run_is_skipped_and_takes_ownership(
@@ -399,7 +414,12 @@ def test_dispatched_step_of_an_unwinding_run_is_skipped_and_takes_ownership(
     assert store.view(run_id).in_flight == {}  # type: ignore[union-attr]
     assert store.owner(run_id) == f"step:{two}"
     assert version(store, run_id) == before + 1
-    assert begin(store, run_id, two) == Outcome("skipped")
+    # A repeat (the first reply lost) resumes the unwind while nobody has sent it; once it is
+    # sent, a repeat changes nothing.
+    assert begin(store, run_id, two) == Outcome("skip", (1,))
+    store.client.hset(run_keys(run_id)[0], "sent", "1")
+    assert begin(store, run_id, two) == Outcome("skip", (0,))
+    assert version(store, run_id) == before + 1
 
 
 def test_skip_with_another_step_in_flight_does_not_own(store: RunStore, new_run: NewRun) -> None:

@@ -784,7 +784,7 @@ def test_tls_worker_runs_a_whole_run_with_the_ca_in_the_urls(
     assert len(demo_steps(run)) == 4
     assert run.finish(timeout=30).state is RunState.COMPLETED
     assert [e["amount_cents"] for e in credits()] == [CREDIT] and len(systems.outbox()) == 1
-    assert "Connected to rediss://" in worker.log()
+    assert "Connected to saga-rediss://" in worker.log()  # TLS, saga's transport
     assert "insecure SSL" not in worker.log()
 
 

@@ -7,14 +7,15 @@ import uuid
 import redis
 from celery import Celery
 
-from saga.transport import TRANSPORT, Channel, Transport, use_pooled_client_transport
+from saga.transport import Channel, Transport, use_pooled_client_transport
 
 
 def test_a_redis_broker_gets_the_pooled_client_transport(redis_url: str) -> None:
     app = Celery("t", broker=redis_url, set_as_current=False)
     use_pooled_client_transport(app)
-    assert app.conf.broker_transport == TRANSPORT
+    assert app.conf.broker_transport == "saga-redis"
     with app.connection_for_write() as connection:
+        assert connection.as_uri().startswith("saga-redis://")
         assert isinstance(connection.transport, Transport)
         assert isinstance(connection.default_channel, Channel)
 
