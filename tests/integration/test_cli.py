@@ -457,6 +457,7 @@ def beat(world: World) -> Iterator[subprocess.Popen[bytes]]:
             process.wait(10)
 
 
+@SQLITE_ONLY
 def test_doctor_finds_a_healthy_deployment(world: World, beat: Any) -> None:
     # Given beat has had the reaper run at least once
     wait_until(world.saga.store.last_reaper_pass, timeout=90, what="a reaper pass")

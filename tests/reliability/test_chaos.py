@@ -1,8 +1,8 @@
 """The randomised chaos run, inside the test suite.
 
-``SAGA_CHAOS_RUNS`` (default 60) runs of 4-6 steps with random kill points across two
+``SAGA_CHAOS_RUNS`` (default 40) runs of 4-6 steps with random kill points across two
 workers, seeded by ``SAGA_CHAOS_SEED`` (default 1): no invariant may break. A few of them
-(``SAGA_CHAOS_HOSTED_SHARE``, default 0.05: a few of seed 1's 60) are hosted agent runs
+(``SAGA_CHAOS_HOSTED_SHARE``, default 0.1: a few of seed 1's 40) are hosted agent runs
 on a turn worker that the plans kill mid-turn; ``make chaos`` runs a quarter of them hosted.
 The run is a subprocess (``python -m tests.reliability.chaos``) that owns its Redis and
 workers and stops them itself, also when it is told to stop (SIGTERM) on a timeout.
@@ -23,10 +23,10 @@ import pytest
 
 from tests.conftest import ROOT, service_missing
 
-RUNS = int(os.environ.get("SAGA_CHAOS_RUNS", "60"))
+RUNS = int(os.environ.get("SAGA_CHAOS_RUNS", "40"))
 SEED = int(os.environ.get("SAGA_CHAOS_SEED", "1"))
-HOSTED_SHARE = float(os.environ.get("SAGA_CHAOS_HOSTED_SHARE", "0.05"))
-#: 60 runs take a minute or so on two cores; this bounds a run that hangs.
+HOSTED_SHARE = float(os.environ.get("SAGA_CHAOS_HOSTED_SHARE", "0.1"))
+#: 40 runs take about a minute on two cores; this bounds a run that hangs.
 #: The long profile is ``make chaos RUNS=1000``.
 BUDGET = 420
 

@@ -13,9 +13,9 @@ import pytest
 
 from tests.conftest import service_missing
 
-#: 250 examples of at most 35 rules take about 20 s on two cores when nothing fails (a
+#: 150 examples of at most 35 rules take about 20 s on two cores when nothing fails (a
 #: failure adds its shrinking: typically under a minute).
-EXAMPLES = 250
+EXAMPLES = 150
 STEPS = 35
 
 
