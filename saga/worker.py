@@ -346,9 +346,7 @@ def _forward(
         # and let the lookup say whether the effect happened.
         message = f"started {attempt - 1} times without an outcome (a crash loop?)"
         error = {"type": "AttemptsExceeded", "message": message}
-        _patiently(
-            saga, f"run {run_id} step {step}: in doubt", mark_in_doubt, saga, run_id, step, error
-        )
+        _in_doubt(saga, run_id, step, error)
         raise StepInDoubtError(f"run {run_id} step {step} ({tool.name}): {message}")
     ctx = StepContext(run_id, step, step_idempotency_key(run_id, step), attempt)
     try:
@@ -413,9 +411,7 @@ def _settle_final_failure(
         )
         logger.warning("run %s step %d (%s) failed: %s", run_id, step, tool.name, message)
         error = {**error, "message": message}
-        _patiently(
-            saga, f"run {run_id} step {step}: in doubt", mark_in_doubt, saga, run_id, step, error
-        )
+        _in_doubt(saga, run_id, step, error)
         metrics.step(tool.name, "failed")
         return
     if tool.lookup is not None and writes:
@@ -424,15 +420,7 @@ def _settle_final_failure(
         except Exception as exc:
             logger.exception("run %s step %d: lookup after the failure failed", run_id, step)
             error = {**error, "lookup": f"{type(exc).__name__}: {exc}"}
-            _patiently(
-                saga,
-                f"run {run_id} step {step}: in doubt",
-                mark_in_doubt,
-                saga,
-                run_id,
-                step,
-                error,
-            )
+            _in_doubt(saga, run_id, step, error)
             return
         if found is not None:
             logger.warning(
@@ -445,6 +433,14 @@ def _settle_final_failure(
             return
     _record_failure(saga, run_id, step, error, event)
     metrics.step(tool.name, "failed" if event == "fail" else "rejected")
+
+
+def _in_doubt(saga: Saga, run_id: str, step: int, error: dict[str, Any]) -> None:
+    """Mark the step in doubt and reconcile it, however briefly the stack's Redis is away (a
+    repeat whose first call landed resumes what that call decided)."""
+    _patiently(
+        saga, f"run {run_id} step {step}: in doubt", mark_in_doubt, saga, run_id, step, error
+    )
 
 
 def _record_failure(saga: Saga, run_id: str, step: int, error: dict[str, Any], event: str) -> None:
