@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from saga.agents.policies import Policy
     from saga.reaper import ReapReport
     from saga.runs import Run, StepHandle
-from saga.tools import Tool, ToolRegistry
+    from saga.tools import Tool, ToolRegistry
 
 logger = logging.getLogger("saga")
 

@@ -37,7 +37,7 @@ if st == 'dispatched' and run_state ~= 'running' then
   return {'skip', maybe_own(owner)}
 end
 local to = move('step', st, 'begin')
-if not to then return {st} end  -- skipped, not_dispatched, in_doubt: nothing to run
+if not to then return {st} end  -- not_dispatched, in_doubt: nothing to run
 local prior = redis.call('HGET', STEPS, n .. ':claim')
 if st == 'running' and prior == ARGV[4] then
   -- This very delivery again (its first reply was lost): what the first call decided.
