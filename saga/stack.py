@@ -28,6 +28,7 @@ from saga.constants import (
     run_keys,
     script_keys,
     settled_key,
+    turn_lease_key,
 )
 from saga.errors import ConfigurationError, StoreUnavailableError
 from saga.machine import lua_tables
@@ -79,7 +80,10 @@ _SCRIPTS = (
     "mark_in_doubt",
     "resolve_in_doubt",
     "take_over",
+    "ask_model",
     "record_answer",
+    "freeze_results",
+    "advance_turn",
     "decide_approval",
 )
 
@@ -156,10 +160,14 @@ class RunStore:
         pool = redis.BlockingConnectionPool.from_url(url, decode_responses=True, **options)
         return cls(redis.Redis.from_pool(pool), retention_seconds)
 
-    def _call(self, script: str, run_id: str, *args: Any, step: int | None = None) -> Outcome:
+    def _call(
+        self, script: str, run_id: str, *args: Any, step: int | None = None, extra: str = ""
+    ) -> Outcome:
         keys = script_keys(run_id)
         if step is not None:
             keys.append(settled_key(run_id, step))
+        elif extra:
+            keys.append(extra)
         with _reachable(script):
             raw = self._scripts[script](keys=keys, args=list(args))
         outcome = (
@@ -426,12 +434,37 @@ class RunStore:
         outcome = self._call("restore", picture.run_id, *documents, self.retention_seconds)
         return outcome.status == "ok"
 
+    def ask_model(self, run_id: str, turn: int, lease_seconds: float) -> bool:
+        """Take turn ``turn``'s lease and count the policy call it is taken for; False (and
+        nothing counted) while another delivery holds the lease."""
+        lease_ms = max(1, int(lease_seconds * 1000))
+        lease = turn_lease_key(run_id, turn)
+        return self._call("ask_model", run_id, turn, lease_ms, extra=lease).status == "ok"
+
     def record_answer(
-        self, run_id: str, turn: int, answer_json: str, input_tokens: int, output_tokens: int
+        self,
+        run_id: str,
+        turn: int,
+        answer_json: str,
+        calls: int,
+        input_tokens: int,
+        output_tokens: int,
     ) -> Outcome:
-        """A hosted turn's model answer, first writer wins: ``ok`` or ``dup``, each with the
-        answer as recorded; ``unknown`` for a run with no agent."""
-        return self._call("record_answer", run_id, turn, answer_json, input_tokens, output_tokens)
+        """A hosted turn's model answer (making ``calls`` tool calls), first writer wins:
+        ``ok`` or ``dup``, each with the answer as recorded; ``unknown`` for a run with no
+        agent. Releases the turn's lease."""
+        lease = turn_lease_key(run_id, turn)
+        args = (turn, answer_json, input_tokens, output_tokens, calls)
+        return self._call("record_answer", run_id, *args, extra=lease)
+
+    def advance_turn(self, run_id: str, turn: int) -> bool:
+        """Mark turn ``turn`` done if every call of it is refused or settled and the run still
+        runs: True for the one caller that did (it sends the next turn)."""
+        return self._call("advance_turn", run_id, turn).status == "ok"
+
+    def freeze_results(self, run_id: str, turn: int, results_json: str) -> str:
+        """The results of turn ``turn`` the model reads, first writer wins: those recorded."""
+        return str(self._call("freeze_results", run_id, turn, results_json).values[0])
 
     def decide_approval(
         self, run_id: str, marker: str, verdict: str, by: str, reason: str, args_hash: str

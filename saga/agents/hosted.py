@@ -29,7 +29,6 @@ from saga.agents.turn_state import (
     LoopState,
     TurnStore,
     args_hash,
-    call_steps,
     consecutive_refusals,
     transcript_until,
     turn_results,
@@ -135,12 +134,13 @@ def _ask(
         why = f"turn {turn} was asked {state.asked[turn]} times without an answer"
         _end(saga, run_id, turn, OnLimit.UNWIND, why)
         return None
-    if not turns.take_lease(run_id, turn, saga.lease_seconds):
+    if not turns.ask_model(run_id, turn, saga.lease_seconds):
         return _LEASE_WAIT
+    recorded: ModelTurn | None = None  # recording the answer releases the lease
     try:
-        turns.count_model_call(run_id, turn)
         answer = take_turn(agent.policy, transcript_until(state, turn), agent.tools)
-        return turns.record_answer(run_id, turn, answer)
+        recorded = turns.record_answer(run_id, turn, answer)
+        return recorded
     except ModelCallError as exc:
         if exc.retryable and agent.model_retry.allows_another(attempt):
             wait = exc.retry_after if exc.retry_after is not None else None
@@ -154,7 +154,8 @@ def _ask(
         logger.exception("run %s turn %d: the policy raised", run_id, turn)
         _end(saga, run_id, turn, OnLimit.UNWIND, f"the policy failed: {type(exc).__name__}: {exc}")
     finally:
-        turns.release_lease(run_id, turn)
+        if recorded is None:
+            turns.release_lease(run_id, turn)
     return None
 
 
@@ -268,37 +269,18 @@ def _refusal(agent: Agent, call: ToolCall, i: int, answer: ModelTurn) -> str:
 def advance_if_settled(saga: Saga, run_id: str, turn: int, in_flight: int | None = None) -> None:
     """If every call of ``turn`` is refused or settled, mark the turn done (first writer wins)
     and send the next one. Safe to call any number of times, from anywhere. ``in_flight``:
-    the run's count of steps in flight, if the caller has just read it."""
-    if in_flight is None:
-        in_flight = saga.store.in_flight_count(run_id)
+    the run's count of steps in flight, if the caller has just read it (a call still in
+    flight means another settling is to come: only the last one asks)."""
     if in_flight:
-        # A call is still in flight (a turn's calls are the only steps a hosted run has in
-        # flight): whoever settles the last one sees none and reads the whole picture.
         return
-    picture = saga.store.picture(run_id)
-    state = LoopState.parse(picture.agent) if picture is not None else None
-    if picture is None or state is None or picture.state is not RunState.RUNNING:
-        return
-    answer = state.answers.get(turn)
-    if answer is None or turn in state.advanced:
-        return
-    steps = call_steps(picture)
-    for i in range(len(answer.calls)):
-        if (turn, i) in state.refused:
-            continue
-        step = steps.get(call_marker(turn, i))
-        if step is None or step.step in picture.in_flight:
-            return
-    turns = TurnStore(saga.store, saga.settings.max_payload_bytes)
-    if turns.mark_advanced(run_id, turn, "next"):
+    if saga.store.advance_turn(run_id, turn):
         send_turn(saga.app, run_id, turn + 1)
 
 
 def _end(saga: Saga, run_id: str, turn: int, how: OnLimit | str, why: str) -> None:
     """Stop the loop: complete the run, or abort it (unwind, or escalate past the pivot)."""
     turns = TurnStore(saga.store, saga.settings.max_payload_bytes)
-    turns.mark_ended(run_id, why)
-    turns.mark_advanced(run_id, turn, why)
+    turns.mark_ended(run_id, turn, why)
     logger.info("run %s: the loop ends at turn %d (%s): %s", run_id, turn, how, why)
     try:
         if how == OnLimit.FINISH:

@@ -249,26 +249,20 @@ class TurnStore:
             text = payload.dumps(slim.to_dict(), what="the model's answer", limit=self.limit)
         usage = answer.usage
         outcome = self.store.record_answer(
-            run_id, turn, text, usage.input_tokens, usage.output_tokens
+            run_id, turn, text, len(answer.calls), usage.input_tokens, usage.output_tokens
         )
         if outcome.status not in ("ok", "dup"):
             raise PayloadError(f"run {run_id} has no agent state ({outcome.status})")
         return ModelTurn.from_dict(json.loads(outcome.values[0]))
 
-    def count_model_call(self, run_id: str, turn: int) -> None:
-        key = agent_key(run_id)
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.hincrby(key, "model_calls", 1)
-            pipe.hincrby(key, f"{turn}:asked", 1)
-            pipe.execute()
-
-    def take_lease(self, run_id: str, turn: int, seconds: float) -> bool:
-        """Only one delivery of a turn asks the model at a time (a redelivery while a slow
-        model still answers the first must wait for its answer, not ask again)."""
-        key = turn_lease_key(run_id, turn)
-        return bool(self.client.set(key, "1", nx=True, px=max(1, int(seconds * 1000))))
+    def ask_model(self, run_id: str, turn: int, lease_seconds: float) -> bool:
+        """Take the turn's lease and count the model call (one step): only one delivery of a
+        turn asks the model at a time, and a redelivery while a slow model still answers the
+        first must wait for its answer, not ask again. ``record_answer`` releases it."""
+        return self.store.ask_model(run_id, turn, lease_seconds)
 
     def release_lease(self, run_id: str, turn: int) -> None:
+        """For a model call that ended without an answer to record."""
         self.client.delete(turn_lease_key(run_id, turn))
 
     def request_approval(self, run_id: str, turn: int, call: int, tool_call: ToolCall) -> None:
@@ -289,20 +283,17 @@ class TurnStore:
         self, run_id: str, turn: int, results: tuple[ToolResult, ...]
     ) -> tuple[ToolResult, ...]:
         """The results turn ``turn`` returns to the model, as first recorded."""
-        key, name = agent_key(run_id), f"{turn}:results"
         text = payload.dumps([r.to_dict() for r in results], what="tool results", limit=self.limit)
-        if self.client.hsetnx(key, name, text):
-            self.client.hincrby(key, "bytes", len(text))
-        stored = cast(str, self.client.hget(key, name))
+        stored = self.store.freeze_results(run_id, turn, text)
         return tuple(ToolResult.from_dict(r) for r in json.loads(stored))
 
-    def mark_advanced(self, run_id: str, turn: int, what: str) -> bool:
-        """Turn ``turn`` is done (``what``: "next", or how the run ended); True for the one
-        caller that got to say so first."""
-        return bool(self.client.hsetnx(agent_key(run_id), f"{turn}:advanced", what))
-
-    def mark_ended(self, run_id: str, why: str) -> None:
-        self.client.hsetnx(agent_key(run_id), "ended", why)
+    def mark_ended(self, run_id: str, turn: int, why: str) -> None:
+        """The loop stops at ``turn``: why (first writer wins), and the turn is done with."""
+        key = agent_key(run_id)
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(key, "ended", why)
+            pipe.hsetnx(key, f"{turn}:advanced", why)
+            pipe.execute()
 
     def count_revival(self, run_id: str) -> int:
         return int(self.client.hincrby(agent_key(run_id), "revived", 1))

@@ -2,7 +2,8 @@
 -- saga/constants.py; agent is the hosted loop's hash, absent for a run driven by run.call).
 local RUN, STEPS, INFLIGHT, STACK, COMPS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local AGENT = KEYS[6]
--- KEYS[7], when given: the list a client waiting on this step blocks on (BLPOP).
+-- KEYS[7], when given: the list a client waiting on this step blocks on (BLPOP); the hosted
+-- loop's scripts (ask_model, record_answer) take the turn's lease there instead.
 local SETTLED = KEYS[7]
 
 -- One clock for every host: the Redis server's. Times are stored as seconds with microseconds.
