@@ -457,10 +457,12 @@ class RunStore:
         args = (turn, answer_json, input_tokens, output_tokens, calls)
         return self._call("record_answer", run_id, *args, extra=lease)
 
-    def advance_turn(self, run_id: str, turn: int) -> bool:
-        """Mark turn ``turn`` done if every call of it is refused or settled and the run still
-        runs: True for the one caller that did (it sends the next turn)."""
-        return self._call("advance_turn", run_id, turn).status == "ok"
+    def advance_turn(self, run_id: str, turn: int = 0, step: int = 0) -> int:
+        """Mark turn ``turn`` (or the turn whose call ``step`` made) done if every call of it
+        is refused or settled and the run still runs: the turn, for the one caller that did
+        (it sends the next turn); 0 for every other caller, and for a step of ``run.call``."""
+        outcome = self._call("advance_turn", run_id, turn or "", step)
+        return int(outcome.values[0]) if outcome.status == "ok" else 0
 
     def freeze_results(self, run_id: str, turn: int, results_json: str) -> str:
         """The results of turn ``turn`` the model reads, first writer wins: those recorded."""

@@ -266,14 +266,10 @@ def _refusal(agent: Agent, call: ToolCall, i: int, answer: ModelTurn) -> str:
     return rules.beside_writes(call.name, klass, [(n, k) for n, k in others if k is not None])
 
 
-def advance_if_settled(saga: Saga, run_id: str, turn: int, in_flight: int | None = None) -> None:
+def advance_if_settled(saga: Saga, run_id: str, turn: int) -> None:
     """If every call of ``turn`` is refused or settled, mark the turn done (first writer wins)
-    and send the next one. Safe to call any number of times, from anywhere. ``in_flight``:
-    the run's count of steps in flight, if the caller has just read it (a call still in
-    flight means another settling is to come: only the last one asks)."""
-    if in_flight:
-        return
-    if saga.store.advance_turn(run_id, turn):
+    and send the next one. Safe to call any number of times, from anywhere."""
+    if saga.store.advance_turn(run_id, turn=turn):
         send_turn(saga.app, run_id, turn + 1)
 
 
@@ -306,10 +302,11 @@ class HostedLoop(RunListener):
         self.saga = saga
 
     def step_settled(self, run_id: str, step: int) -> None:
-        turns = TurnStore(self.saga.store, self.saga.settings.max_payload_bytes)
-        marker, in_flight = turns.call_of(run_id, step)
-        if marker:
-            advance_if_settled(self.saga, run_id, int(marker.split(":")[0]), in_flight)
+        """The step of a turn's call settled: if it was the turn's last, send the next turn
+        (one script, whichever step it was)."""
+        turn = self.saga.store.advance_turn(run_id, step=step)
+        if turn:
+            send_turn(self.saga.app, run_id, turn + 1)
 
     def run_idle(self, run_id: str) -> bool:
         """Send the current turn again (or, if it is done, the next): its message or the

@@ -15,12 +15,12 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from saga import payload
 from saga.agents.messages import ModelTurn, ToolCall, ToolResult, Usage
 from saga.agents.transcript import Transcript
-from saga.constants import agent_key, call_marker, run_keys, turn_lease_key
+from saga.constants import agent_key, call_marker, turn_lease_key
 from saga.errors import PayloadError
 from saga.model import StepState
 from saga.picture import RunPicture, StepRecord
@@ -297,13 +297,3 @@ class TurnStore:
 
     def count_revival(self, run_id: str) -> int:
         return int(self.client.hincrby(agent_key(run_id), "revived", 1))
-
-    def call_of(self, run_id: str, step: int) -> tuple[str, int]:
-        """The ``<turn>:<call>`` a step was dispatched for ('' for a step of ``run.call``), and
-        how many of the run's steps are in flight: one round trip per settled step."""
-        keys = run_keys(run_id)
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.hget(keys[1], f"{step}:call")
-            pipe.hlen(keys[2])
-            marker, in_flight = pipe.execute()
-        return cast(str, marker or ""), int(in_flight)
