@@ -62,6 +62,11 @@ class Settings:
     #: worker may: it is idempotent and locked). Off, it is only checked, and a database behind
     #: refuses to open: for deployments that run ``saga db upgrade`` as a one-shot step.
     database_auto_upgrade: bool = True
+    #: Whether hosted turns (the ``saga.turns`` queue's tasks) send Celery task events, and so
+    #: show in Flower. Off by default: a turn is bookkeeping around one model call, whose
+    #: progress ``get_run`` and ``saga show`` give in full, and its three events cost about a
+    #: fifth of a turn worker's CPU. Tool calls and compensations always send theirs.
+    turn_events: bool = False
     #: Extra Redis client options (e.g. TLS certificates).
     redis_options: dict[str, object] = field(default_factory=dict)
     #: Who is told of escalations besides the ERROR log (``SAGA_NOTIFY_*``).
@@ -97,6 +102,7 @@ class Settings:
             run_deadline_seconds=_env_int("SAGA_RUN_DEADLINE", cls.run_deadline_seconds),
             max_redeliveries=_env_int("SAGA_MAX_REDELIVERIES", cls.max_redeliveries),
             database_auto_upgrade=_env_flag("SAGA_DB_AUTO_UPGRADE", cls.database_auto_upgrade),
+            turn_events=_env_flag("SAGA_TURN_EVENTS", cls.turn_events),
             redis_options=redis_options,
             notifications=NotifySettings.from_env(),
         )

@@ -260,8 +260,17 @@ class Faults:
         """SIGKILL the pool process (or the whole worker) when ``point`` is reached."""
         return self._add(point, tool, "kill_worker" if whole_worker else "kill", nth, 1)
 
-    def delay(self, tool: str, seconds: float, *, nth: int = 1, times: int = 1) -> str:
-        return self._add("before_effect", tool, "delay", nth, times, seconds)
+    def delay(
+        self,
+        tool: str,
+        seconds: float,
+        *,
+        nth: int = 1,
+        times: int = 1,
+        point: str = "before_effect",
+    ) -> str:
+        """Sleep ``seconds`` at ``point`` of ``tool`` (by default, before its effect)."""
+        return self._add(point, tool, "delay", nth, times, seconds)
 
     def hits(self, rule_id: str) -> int:
         from saga.constants import FAULT_COUNTS_KEY

@@ -333,6 +333,8 @@ def install_turn_tasks(app: Any, saga: Saga) -> None:
         "max_retries": None,  # the agent's model_retry decides
         "ignore_result": True,
         "shared": False,
+        # Task events (Flower) only if asked for: see Settings.turn_events.
+        "send_events": saga.settings.turn_events,
     }
 
     @app.task(name=AGENT_TURN_TASK, **options)

@@ -133,6 +133,29 @@ def test_kill_between_the_second_and_third_dispatch_skips_none_and_repeats_none(
     check_once_each(client, run_id)
 
 
+def test_a_call_settled_while_its_turn_still_dispatches_does_not_move_the_run_on(
+    env: Private, client: Client
+) -> None:
+    # Given a turn that pauses after dispatching its first call, long enough for it to settle
+    env.faults.delay("get_order", 3.0, point="between_dispatches")
+    turn_worker(env)
+    run_id = client.enqueue_run("parallel", "Refund order 4921.")
+
+    def first_alone() -> bool:
+        steps = client.get_run(run_id).steps
+        return [(s["call"], s["state"]) for s in steps] == [("1:0", "succeeded")]
+
+    wait_until(first_alone, 10, "call 1:0 to settle while 1:1 and 1:2 wait")
+    # its settling did not end the turn
+    assert client.store.client.hget(agent_key(run_id), "1:advanced") is None
+
+    # When the turn goes on dispatching
+    completed(client, run_id, 30)
+
+    # Then the last call to settle moved the run on: every call once, the model once a turn
+    check_once_each(client, run_id)
+
+
 def test_a_call_reserved_but_never_sent_is_sent_once_on_resume(
     env: Private, client: Client
 ) -> None:

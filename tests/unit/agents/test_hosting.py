@@ -222,3 +222,32 @@ def test_a_web_app_needs_no_tool_code_to_use_the_client() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("flag", "events"), [(None, False), ("0", False), ("1", True)])
+def test_turns_send_task_events_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch, flag: str | None, events: bool
+) -> None:
+    """Flower lists hosted turns only with SAGA_TURN_EVENTS=1; tool calls always send theirs."""
+    from celery import Celery
+
+    from saga import Saga, Settings
+    from saga.constants import AGENT_TURN_TASK, START_UNWIND_TASK, tool_task_name
+
+    if flag is None:
+        monkeypatch.delenv("SAGA_TURN_EVENTS", raising=False)
+    else:
+        monkeypatch.setenv("SAGA_TURN_EVENTS", flag)
+    app = Celery("turn-events", broker="redis://127.0.0.1:1/0")  # never contacted
+    Saga(app, tools, Settings.from_env())
+    assert app.tasks[AGENT_TURN_TASK].send_events is events
+    assert app.tasks[START_UNWIND_TASK].send_events is events
+    assert app.tasks[tool_task_name("issue_credit")].send_events is True
+
+
+def test_a_bad_turn_events_flag_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from saga import Settings
+
+    monkeypatch.setenv("SAGA_TURN_EVENTS", "sometimes")
+    with pytest.raises(ValueError, match="SAGA_TURN_EVENTS must be 1 or 0"):
+        Settings.from_env()
