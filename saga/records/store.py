@@ -11,6 +11,9 @@ per step.
 from __future__ import annotations
 
 import functools
+import logging
+import sqlite3
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -51,15 +54,39 @@ from saga.records.rows import (
     transcript_row,
 )
 
+logger = logging.getLogger("saga.records")
+
 
 def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     """WAL lets readers and the writer overlap across processes; NORMAL syncs at checkpoints,
-    not every commit, which is safe in WAL mode against a crash of the process."""
+    not every commit, which is safe in WAL mode against a crash of the process.
+
+    The busy timeout comes first, so every statement after it waits for a lock instead of
+    failing at once. The switch to WAL (it stays with the file) is the exception: it needs the
+    file to itself, and SQLite refuses it at once, busy timeout or not, while another
+    connection reads. Many processes opening their first connection together (every turn
+    worker recording its first run) did just that, and all but one failed to record. So the
+    switch is only asked for while the file is not in WAL, and a refusal means looking again
+    shortly: whichever connection wins, the file ends in WAL."""
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=30000")
+    deadline = time.monotonic() + _WAL_SWITCH_PATIENCE
+    while str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() not in _NO_SWITCH:
+        if time.monotonic() > deadline:  # still correct without WAL, only less concurrent
+            logger.warning("the records database stays out of WAL mode: always in use")
+            break
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError:
+            time.sleep(0.02)
+    cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+#: How long a new connection keeps asking for WAL while other connections hold the file.
+_WAL_SWITCH_PATIENCE = 30.0
+#: Journal modes left alone: WAL already, or an in-memory database (which has no WAL).
+_NO_SWITCH = ("wal", "memory")
 
 
 class RecordStore:

@@ -657,3 +657,58 @@ def test_a_hosted_run_of_the_longest_run_id_keeps_its_transcript(records: Record
     records.record_outcome(picture(run_id, [], state=RunState.COMPLETED, agent=agent, version="1"))
     transcript = records.transcript(run_id)
     assert transcript is not None and transcript.agent == "refund"
+
+
+def _record_actions_at_once(url: str, barrier: Any, count: int, errors: Any) -> None:
+    """One worker process: open the store at the barrier and record ``count`` actions."""
+    from saga.records import ActionRecord
+
+    barrier.wait(timeout=30)
+    try:
+        store = RecordStore(url)
+        for _ in range(count):
+            store.record_action(
+                ActionRecord(
+                    action_id=uuid.uuid4().hex,
+                    run_id="run",
+                    escalation_id="escalation",
+                    kind="resolve",
+                    by="ops",
+                    at=datetime.now(UTC),
+                    note="",
+                    corrections={},
+                    count=0,
+                )
+            )
+        store.dispose()
+    except Exception as exc:
+        errors.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_processes_opening_a_new_sqlite_file_at_once_all_record(tmp_path: Path) -> None:
+    """Turn workers recording their first runs at the same moment: every process opens its
+    first connection together, and none is told "database is locked" (it was: all asked to
+    switch the file to WAL, and SQLite refuses that at once while another connection reads)."""
+    import multiprocessing
+
+    url = f"sqlite:///{tmp_path / 'records.db'}"
+    processes, count = 8, 20
+    context = multiprocessing.get_context("spawn")
+    barrier, errors = context.Barrier(processes), context.Queue()
+    workers = [
+        context.Process(target=_record_actions_at_once, args=(url, barrier, count, errors))
+        for _ in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert all(worker.exitcode == 0 for worker in workers)
+    failures = [errors.get(timeout=1) for _ in range(errors.qsize())]
+    assert failures == []
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        recorded = connection.scalar(text("SELECT count(*) FROM saga_actions"))
+        mode = connection.scalar(text("PRAGMA journal_mode"))
+    engine.dispose()
+    assert (recorded, mode) == (processes * count, "wal")

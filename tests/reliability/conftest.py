@@ -79,7 +79,8 @@ def _app(url: str, visibility_timeout: int) -> Celery:
 
 @pytest.fixture
 def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Private]]:
-    """Factory: ``private(redis_args=..., run_deadline=..., registry=...)``."""
+    """Factory: ``private(redis_args=..., run_deadline=..., registry=..., ...)``; the test and
+    its workers share the settings given (the workers through the environment)."""
     if shutil.which("redis-server") is None:
         service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
     made: list[Private] = []
@@ -90,6 +91,7 @@ def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
         registry: ToolRegistry | None = None,
         visibility_timeout: int = VISIBILITY_TIMEOUT,
         extra_env: dict[str, str] | None = None,
+        max_redeliveries: int = Settings.max_redeliveries,
     ) -> Private:
         from tasks import systems
         from tasks.tools import tools
@@ -107,6 +109,7 @@ def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
             "SAGA_VISIBILITY_TIMEOUT": str(visibility_timeout),
             "SAGA_TASK_TIME_LIMIT": str(TIME_LIMIT),
             "SAGA_RUN_DEADLINE": str(run_deadline),
+            "SAGA_MAX_REDELIVERIES": str(max_redeliveries),
             "SAGA_TESTING_FAULTS": "1",
             "PYTHONPATH": str(ROOT),
             **(extra_env or {}),
@@ -117,6 +120,7 @@ def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
             redis_url=url,
             database_url=env["SAGA_DATABASE_URL"],
             run_deadline_seconds=run_deadline,
+            max_redeliveries=max_redeliveries,
         )
         saga = Saga(_app(url, visibility_timeout), registry or tools, settings)
         systems.reset()

@@ -411,7 +411,7 @@ def test_a_crash_looping_step_before_its_effect_is_reconciled_as_not_happened(
     private: Callable[..., Private],
 ) -> None:
     # Given a ticket change done, then a credit whose every delivery dies before the effect
-    env = private()
+    env = private(max_redeliveries=0)  # a crash loop of 3 deaths, not 5: the same path
     env.worker(concurrency=1)
     run = env.saga.start_run()
     call(run, TICKET_CALL).result(timeout=10)
@@ -440,7 +440,7 @@ def test_a_crash_looping_step_after_its_effect_is_reconciled_as_happened_and_und
     private: Callable[..., Private],
 ) -> None:
     # Given a credit whose every delivery dies right after the effect
-    env = private()
+    env = private(max_redeliveries=0)  # a crash loop of 3 deaths, not 5: the same path
     env.worker(concurrency=1)
     run = env.saga.start_run()
     call(run, TICKET_CALL).result(timeout=10)
