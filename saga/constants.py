@@ -60,6 +60,8 @@ def agent_key(run_id: str) -> str:
     bytes                      size of the stored transcript
     turn                       the latest turn with a recorded answer
     <k>:answer                 turn k's answer (a ModelTurn as JSON), first writer wins
+    <k>:calls                  how many calls that answer makes (what advancing checks)
+    <k>:asked                  policy calls made for turn k (more than one after a retry)
     <k>:results                the results turn k's calls returned to the model (JSON)
     <k>:<i>:refused            why call i of turn k was not dispatched (fed back to the model)
     <k>:advanced               turn k+1 was enqueued (or the run ended): first writer wins
