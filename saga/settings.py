@@ -64,7 +64,7 @@ class Settings:
     database_auto_upgrade: bool = True
     #: Whether hosted turns (the ``saga.turns`` queue's tasks) send Celery task events, and so
     #: show in Flower. Off by default: a turn is bookkeeping around one model call, whose
-    #: progress ``get_run`` and ``saga show`` give in full, and its three events cost about a
+    #: progress ``get_run`` and the recorded transcript give in full, and its three events cost about a
     #: fifth of a turn worker's CPU. Tool calls and compensations always send theirs.
     turn_events: bool = False
     #: Extra Redis client options (e.g. TLS certificates).
