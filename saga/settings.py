@@ -64,8 +64,9 @@ class Settings:
     database_auto_upgrade: bool = True
     #: Whether hosted turns (the ``saga.turns`` queue's tasks) send Celery task events, and so
     #: show in Flower. Off by default: a turn is bookkeeping around one model call, whose
-    #: progress ``get_run`` and the recorded transcript give in full, and its three events cost about a
-    #: fifth of a turn worker's CPU. Tool calls and compensations always send theirs.
+    #: progress ``get_run`` and the recorded transcript give in full, and its three events
+    #: cost about a fifth of a turn worker's CPU. Tool calls and compensations always send
+    #: theirs.
     turn_events: bool = False
     #: Extra Redis client options (e.g. TLS certificates).
     redis_options: dict[str, object] = field(default_factory=dict)
