@@ -477,11 +477,6 @@ class RunStore:
 
     # -- reading --------------------------------------------------------------------------
 
-    def in_flight_count(self, run_id: str) -> int:
-        """How many steps are dispatched and not yet settled (one cheap read, no picture)."""
-        with _reachable("in_flight_count"):
-            return int(self.client.hlen(run_keys(run_id)[2]))
-
     def head(self, run_id: str) -> RunHead | None:
         fields = ("state", "updated", "deadline", "recorded", "ended")
         with _reachable("head"):
