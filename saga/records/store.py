@@ -73,7 +73,11 @@ def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     deadline = time.monotonic() + _WAL_SWITCH_PATIENCE
     while str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() not in _NO_SWITCH:
         if time.monotonic() > deadline:  # still correct without WAL, only less concurrent
-            logger.warning("the records database stays out of WAL mode: always in use")
+            logger.warning(
+                "the records database is not in WAL mode after %.0f s of asking (other "
+                "connections kept it busy); this connection goes on without it",
+                _WAL_SWITCH_PATIENCE,
+            )
             break
         try:
             cursor.execute("PRAGMA journal_mode=WAL")
