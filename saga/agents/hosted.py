@@ -17,6 +17,7 @@ run's deadline, by the reaper (``run_idle``).
 
 from __future__ import annotations
 
+import enum
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -99,9 +100,9 @@ def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> float | No
         why = f"tool call limit: {used} made, {len(answer.calls)} more asked for, limit "
         _end(saga, run_id, turn, agent.limits.on_limit, f"{why}{agent.limits.max_tool_calls}")
         return None
-    if not _dispatch_calls(saga, turns, agent, picture, state, turn, answer):
-        return None
-    advance_if_settled(saga, run_id, turn)
+    placed = _dispatch_calls(saga, turns, agent, picture, state, turn, answer)
+    if placed is _Placed.BY_OTHERS:
+        advance_if_settled(saga, run_id, turn)
     return None
 
 
@@ -177,6 +178,19 @@ def _limit_reached(
     return None
 
 
+class _Placed(enum.Enum):
+    """Who will see a turn's calls all placed: what ``_dispatch_calls`` found."""
+
+    #: The run stopped taking calls (it is failing: the unwind needs no more turns).
+    STOPPED = "stopped"
+    #: The last call got a new step here. Every earlier call was placed (or refused) before
+    #: that step was reserved, so its settling, or a later one, finds the turn complete.
+    BY_LAST_STEP = "by_last_step"
+    #: Anything else (the last call refused, waiting, not taken by the broker, or placed by
+    #: an earlier delivery whose steps may all have settled already): the turn checks itself.
+    BY_OTHERS = "by_others"
+
+
 def _dispatch_calls(
     saga: Saga,
     turns: TurnStore,
@@ -185,11 +199,13 @@ def _dispatch_calls(
     state: LoopState,
     turn: int,
     answer: ModelTurn,
-) -> bool:
-    """Dispatch (or refuse) each call in the model's order; False if the run stopped taking
-    calls meanwhile (it is failing: the unwind needs no more turns)."""
+) -> _Placed:
+    """Dispatch (or refuse) each call in the model's order."""
     run_id = picture.run_id
+    had_steps = {s.call for s in picture.steps if s.call}
+    placed = _Placed.BY_OTHERS
     for i, call in enumerate(answer.calls):
+        placed = _Placed.BY_OTHERS
         if (turn, i) in state.refused:
             continue
         refusal = _refusal(agent, call, i, answer)
@@ -205,22 +221,26 @@ def _dispatch_calls(
             if verdict:
                 turns.record_refusal(run_id, turn, i, verdict)
                 continue
+        marker = call_marker(turn, i)
         try:
             saga.dispatch(
                 run_id,
                 call.name,
                 call.arguments,
-                marker=call_marker(turn, i),
+                marker=marker,
                 feed_back_failure=agent.failure_mode(tool) is OnFailure.FEED_BACK,
             )
         except (CallRefusedError, InvalidArgumentsError, UnknownToolError, PayloadError) as exc:
             turns.record_refusal(run_id, turn, i, str(exc))
         except RunEndedError:
-            return False
+            return _Placed.STOPPED
         except DispatchError:  # released: its step says "not dispatched", and the model is told
             logger.warning("run %s turn %d: call %d not taken by the broker", run_id, turn, i)
+        else:
+            if marker not in had_steps:
+                placed = _Placed.BY_LAST_STEP
         _strike(saga, "between_dispatches", call.name)
-    return True
+    return placed
 
 
 def _approval(

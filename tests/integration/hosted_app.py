@@ -282,3 +282,9 @@ saga.agent(
     tools=WRITES,
     approval=["send_reply"],
 )
+saga.agent(
+    "approver_and_read",  # the reply waits for a person; the read beside it settles meanwhile
+    ScriptedPolicy([[REPLY, GET_ORDER], _after_the_person]),
+    tools=WRITES,
+    approval=["send_reply"],
+)

@@ -298,6 +298,26 @@ def test_a_denied_reply_is_fed_back_to_the_model(client: Client) -> None:
     assert systems.outbox() == []
 
 
+def test_a_denial_moves_on_a_turn_whose_other_call_settled_long_before(client: Client) -> None:
+    """The read beside the waiting reply settled while its turn could not end; the turn sent
+    again by deny() has nothing left to dispatch, so it must end the turn itself."""
+    run_id = client.enqueue_run("approver_and_read", "Tell Ada.")
+
+    def read_settled_reply_waits() -> dict[str, Any] | None:
+        status = client.get_run(run_id)
+        settled = [(s["tool"], s["state"]) for s in status.steps] == [("get_order", "succeeded")]
+        return status.pending_approvals[0] if settled and status.pending_approvals else None
+
+    pending: dict[str, Any] = wait_until(read_settled_reply_waits, 20, "the read, then a request")
+    client.deny(run_id, "1:0", "wrong tone", args_hash=pending["args_hash"], by="ops@acme")
+    status = ended(client, run_id)
+
+    assert status.state == "completed"
+    assert status.final_text == "Not sent: a person (ops@acme) declined send_reply: wrong tone"
+    assert [s["call"] for s in status.steps] == ["1:1"]
+    assert systems.outbox() == []
+
+
 def test_a_pending_approval_expires_with_the_run_deadline(client: Client, saga: Any) -> None:
     """Past the run's deadline the reaper wakes the turn, which tells the model it expired."""
     run_id = client.enqueue_run("approver", "Tell Ada.", deadline=2)

@@ -251,3 +251,20 @@ def test_a_bad_turn_events_flag_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("SAGA_TURN_EVENTS", "sometimes")
     with pytest.raises(ValueError, match="SAGA_TURN_EVENTS must be 1 or 0"):
         Settings.from_env()
+
+
+def test_a_turn_message_shows_its_arguments_as_celery_would_repr_them() -> None:
+    """send_turn writes the repr itself; Flower must still show what saferepr would."""
+    from celery import Celery
+    from celery.utils.saferepr import saferepr
+
+    from saga.agents.launch import send_turn
+
+    app = Celery("repr-check", broker="memory://")
+    sent: list[Any] = []
+    app.amqp.send_task_message = lambda producer, name, message, **options: sent.append(message)
+    run_id = "3f2a" * 8
+    send_turn(app, run_id, 7)
+    headers = sent[0].headers
+    assert headers["kwargsrepr"] == saferepr({"run_id": run_id, "turn": 7})
+    assert headers["argsrepr"] == saferepr(())
