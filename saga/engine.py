@@ -133,12 +133,15 @@ class Saga:
         deadline = self.agents.get(agent).deadline or self.settings.run_deadline_seconds
         return enqueue_run(self.store, self.app, agent, input, run_id, deadline)
 
-    def step_settled(self, run_id: str, step: int) -> None:
+    def step_settled(self, run_id: str, step: int, turn_done: int | None = None) -> None:
         """The worker recorded a step's outcome: tell the listeners. Never raises: a lost
-        notice is repeated by the step's redelivery, or found by the reaper."""
+        notice is repeated by the step's redelivery, or found by the reaper.
+
+        ``turn_done``: what the script that recorded it found about the hosted turn the step
+        belongs to (the turn it completed, or 0), or None if it did not look."""
         for listener in self.listeners:
             try:
-                listener.step_settled(run_id, step)
+                listener.step_settled(run_id, step, turn_done)
             except Exception:
                 logger.exception("run %s: listener failed on step %d settling", run_id, step)
 

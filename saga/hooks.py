@@ -27,8 +27,10 @@ class RunListener:
     raises is logged and dropped (each call is repeated by a redelivery or by the reaper).
     """
 
-    def step_settled(self, run_id: str, step: int) -> None:
-        """A step's outcome is recorded: succeeded, failed, rejected, skipped or judged."""
+    def step_settled(self, run_id: str, step: int, turn_done: int | None = None) -> None:
+        """A step's outcome is recorded: succeeded, failed, rejected, skipped or judged.
+        ``turn_done``: the hosted turn the recording script completed (0: none), or None if
+        it did not check."""
 
     def run_idle(self, run_id: str) -> bool:
         """The reaper found the run running, nothing in flight, idle past its deadline.

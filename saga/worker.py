@@ -509,7 +509,8 @@ def _settle_success(
     if outcome.status in ("ok", "dup", "late"):
         metrics.step(tool.name, "succeeded")
         mine = int(outcome.values[0]) == 1
-        _after_success(saga, run_id, step, mine, int(outcome.values[1]) == 1)
+        turn_done = int(outcome.values[2]) if len(outcome.values) > 2 else None
+        _after_success(saga, run_id, step, mine, int(outcome.values[1]) == 1, turn_done)
     else:  # never silent: the store logged the refused transition; a person must look
         raise StepFailedError(run_id, step, tool.name, f"its success was refused: {outcome}")
     if problem:
@@ -518,14 +519,17 @@ def _settle_success(
             saga.abort(run_id, f"step {step} ({tool.name}): {problem}")
 
 
-def _after_success(saga: Saga, run_id: str, step: int, mine: bool, late: bool) -> None:
+def _after_success(
+    saga: Saga, run_id: str, step: int, mine: bool, late: bool, turn_done: int | None = None
+) -> None:
     """What the recorded success decided (the first time, or again on a repeat): start the
-    unwind this step came to own, and put a run an effect reopened back on the record."""
+    unwind this step came to own, put a run an effect reopened back on the record, and move
+    a hosted run on (``turn_done``: see ``Saga.step_settled``)."""
     if late:
         saga.landed_late(run_id)
     if mine:
         saga.start_unwind(run_id, f"step:{step}")
-    saga.step_settled(run_id, step)
+    saga.step_settled(run_id, step, turn_done)
 
 
 def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwind: str) -> Any:

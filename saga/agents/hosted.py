@@ -321,10 +321,11 @@ class HostedLoop(RunListener):
     def __init__(self, saga: Saga) -> None:
         self.saga = saga
 
-    def step_settled(self, run_id: str, step: int) -> None:
-        """The step of a turn's call settled: if it was the turn's last, send the next turn
-        (one script, whichever step it was)."""
-        turn = self.saga.store.advance_turn(run_id, step=step)
+    def step_settled(self, run_id: str, step: int, turn_done: int | None = None) -> None:
+        """The step of a turn's call settled: if it was the turn's last, send the next turn.
+        A success's own script has already checked (``turn_done``); any other outcome is
+        checked here, in one script, whichever step it was."""
+        turn = self.saga.store.advance_turn(run_id, step=step) if turn_done is None else turn_done
         if turn:
             send_turn(self.saga.app, run_id, turn + 1)
 

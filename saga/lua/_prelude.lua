@@ -78,3 +78,32 @@ local function push_undo(n, entry)
       n .. ':round_start', 0, n .. ':entry', entry)
   end
 end
+
+-- The hosted loop's turn ``turn`` is done once the run still runs, nothing is in flight, and
+-- every call of its answer is refused or has its step: mark it so ('next'), first writer
+-- wins. Returns the turn for the one caller that did (it sends the next turn), else 0. A call
+-- waiting for a person's approval has neither, so its turn waits for the decision.
+local function advance_turn(turn)
+  if redis.call('HLEN', INFLIGHT) > 0 then return 0 end
+  if redis.call('HGET', RUN, 'state') ~= 'running' then return 0 end
+  local fields = redis.call('HMGET', AGENT, turn .. ':calls', turn .. ':advanced', turn .. ':answer')
+  if fields[2] or not fields[3] then return 0 end
+  local calls = tonumber(fields[1])
+  if not calls then calls = #(cjson.decode(fields[3])['calls'] or {}) end
+  for i = 0, calls - 1 do
+    local marker = turn .. ':' .. i
+    if redis.call('HEXISTS', STEPS, 'call:' .. marker) == 0
+        and redis.call('HEXISTS', AGENT, marker .. ':refused') == 0 then
+      return 0
+    end
+  end
+  redis.call('HSET', AGENT, turn .. ':advanced', 'next')
+  return tonumber(turn)
+end
+
+-- The same, for the turn whose call step ``n`` made (0 for a step of run.call).
+local function advance_turn_of(n)
+  local marker = redis.call('HGET', STEPS, n .. ':call')
+  if not marker or marker == '' then return 0 end
+  return advance_turn(string.match(marker, '^(%d+):'))
+end

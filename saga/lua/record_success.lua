@@ -1,4 +1,7 @@
 -- ARGV: step, result_json, entry_json ('' when nothing to undo), irreversible ('0'/'1')
+-- {'ok', owns the unwind, late, turn done}: the last is only there when this settling
+-- checked the step's turn (the turn it completed, or 0); a repeat leaves the check to its
+-- caller, since the first call's caller may have died before sending the next turn.
 -- The result, the push and the pivot land together or not at all. A repeat (its first reply
 -- was lost) answers what the first call decided: who owns the unwind, whether it was late.
 -- An effect that lands on a step already judged (failed, skipped, in doubt and settled) is
@@ -24,7 +27,8 @@ end
 redis.call('HDEL', INFLIGHT, n)
 bump()
 notify()
-if not judged then return {'ok', maybe_own(owner), 0} end
+-- A step of a hosted turn may be the turn's last: the 4th value says (see advance_turn).
+if not judged then return {'ok', maybe_own(owner), 0, advance_turn_of(n)} end
 redis.call('HSET', STEPS, n .. ':landed', 'late')
 local run_state = redis.call('HGET', RUN, 'state')
 if run_state == 'running' or run_state == 'unwinding' then

@@ -195,7 +195,7 @@ def test_duplicated_success_pushes_once(store: RunStore, new_run: NewRun) -> Non
     second = succeed(store, run_id, step, "reverse_credit")
 
     # Then the second is a no-op
-    assert first == Outcome("ok", (0, 0))
+    assert first == Outcome("ok", (0, 0, 0))  # not late; not a hosted turn's last call
     assert second.status == "dup"
     assert second.owns_unwind is False
     assert store.client.llen(run_keys(run_id)[3]) == 1
@@ -302,7 +302,7 @@ def test_the_step_that_settles_last_owns_even_by_succeeding(
     settled = succeed(store, run_id, two, "restore_status")
 
     assert failed.owns_unwind is False
-    assert settled == Outcome("ok", (1, 0))
+    assert settled == Outcome("ok", (1, 0, 0))
     assert store.owner(run_id) == f"step:{two}"
     assert [e["step"] for e in stack_of(store, run_id)] == [two]
 
@@ -1084,3 +1084,35 @@ def test_more_callers_than_connections_wait_for_one_instead_of_failing(redis_url
         assert small.client.connection_pool.max_connections == 3
     finally:
         small.client.close()
+
+
+def test_the_success_that_completes_a_hosted_turn_says_so_once(store: RunStore) -> None:
+    """record_success checks the step's turn in the same script: its 4th value is the turn
+    for the one success that completed it, 0 for any other, and absent on a repeat (whose
+    first caller may have died before sending the next turn: the repeat's caller checks)."""
+    from saga.agents.messages import ModelTurn, ToolCall
+    from saga.agents.turn_state import TurnStore
+
+    run_id = uuid.uuid4().hex
+    assert store.create(run_id, deadline=DEADLINE, agent="bench", input_json="hi")
+    calls = (ToolCall("a", "look_up", {"n": 1}), ToolCall("b", "look_up", {"n": 2}))
+    TurnStore(store, 1 << 20).record_answer(run_id, 1, ModelTurn(calls=calls))
+    try:
+        steps = []
+        for i in range(2):
+            args = json.dumps({"n": i + 1})
+            gate = gate_for(ToolClass.READ)
+            reserved = store.reserve(run_id, "look_up", ToolClass.READ, args, gate, marker=f"1:{i}")
+            steps.append(int(reserved.values[0]))
+            assert begin(store, run_id, steps[-1]).status == "run"
+        driven = start(store, run_id, "look_up", ToolClass.READ)  # no marker: run.call's step
+
+        assert succeed(store, run_id, steps[0]).values[2] == 0  # two more in flight
+        assert succeed(store, run_id, driven).values[2] == 0  # not a turn's call
+        assert succeed(store, run_id, steps[1]).values[2] == 1  # the last: turn 1 is done
+        repeat = succeed(store, run_id, steps[1])
+        assert repeat.status == "dup" and len(repeat.values) == 2
+        assert store.advance_turn(run_id, step=steps[1]) == 0  # first writer won already
+    finally:
+        store.client.delete(*run_keys(run_id))
+        store.forget(run_id)
