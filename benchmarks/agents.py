@@ -17,6 +17,10 @@ ratio R``, gives the hosted figures (median over rounds). Targets: M >= 0.9 N (m
 overlap: no turn waits for a slot while another thinks) and R >= 0.8 (hosting costs at most a
 fifth of the throughput). The CPU seconds each mode spent per run (workers and this process)
 are printed too: on a busy machine the rates mostly measure the neighbours, that does not.
+The line before the last prices what no loop can save: a no-op task with a turn's options, sent
+to the turn workers N at a time, costs Celery so much CPU per message; a hosted run
+needs four (a turn is one task), so a machine whose CPU is the limit cannot give a ratio above
+``driven / (driven + 4 x that)`` even were the loop itself free.
 Figures are reported, never asserted: the exit status is non-zero only if a run did not
 complete or a wait timed out.
 """
@@ -182,6 +186,36 @@ class Bench:
         self.app.model_wait()  # the final answer
         run.finish(self.timeout)
 
+    def message_cost(self, runs: int, bursts: int) -> tuple[float, float, float]:
+        """Celery alone, per turn message: ``bursts`` waves of ``runs`` no-op turns, each wave
+        sent at once and taken before the next, as a round's runs move from turn to turn
+        together (sent the way ``send_turn`` sends them). CPU seconds per message: this
+        process's (the send), the turn workers' (receive, run, ack), the Redis server's."""
+        from saga.constants import TURN_QUEUE
+
+        before = (*self._cpu(), self._server_cpu())
+        start = time.perf_counter()
+        for wave in range(bursts):
+            for i in range(runs):
+                run_id = f"{wave:016x}{i:016x}"
+                self.app.app.send_task(
+                    self.app.NOOP_TURN,
+                    kwargs={"run_id": run_id, "turn": 1},
+                    task_id=f"{run_id}:turn:1",
+                    queue=TURN_QUEUE,
+                    argsrepr="()",
+                    kwargsrepr=f"{{'run_id': {run_id!r}, 'turn': 1}}",
+                )
+            # Taken once the queue is empty and nothing is left unacknowledged (kombu's hash).
+            while self.redis.llen(TURN_QUEUE) or self.redis.hlen("unacked"):
+                if time.perf_counter() - start > self.timeout:
+                    raise TimeoutError("the no-op turns were not all taken")
+                time.sleep(0.02)
+        after = (*self._cpu(), self._server_cpu())
+        messages = runs * bursts
+        turns, _, caller, server = ((b - a) / messages for a, b in zip(before, after, strict=True))
+        return caller, turns, server
+
     def _wait_recorded(self, ids: list[str], start: float) -> None:
         """Until every run has ended and its record is written (what ``run.finish`` waits
         for on the driven side). One run at a time, in enqueue order, so the wait reads Redis
@@ -244,6 +278,19 @@ def measure(args: argparse.Namespace, bench: Bench) -> tuple[Round, float]:
         median("hosted", lambda r: r.rate),
         round(median("hosted", lambda r: r.peak)),
         median("hosted", lambda r: r.cpu),
+    )
+    messages_per_run = bench.app.TURNS + 1
+    send, receive, server = bench.message_cost(args.runs, messages_per_run)
+    per_message = send + receive + server
+    driven = median("driven", lambda r: r.cpu + r.redis)
+    floor = messages_per_run * per_message
+    print(
+        f"Celery alone, per turn message (no-op turns, {args.runs} at once): "
+        f"{1000 * per_message:.2f} ms CPU (send {1000 * send:.2f}, turn worker "
+        f"{1000 * receive:.2f}, Redis {1000 * server:.2f}); a run's {messages_per_run}: "
+        f"{floor:.3f} s, {100 * floor / driven:.0f}% of a driven run's {driven:.3f} s "
+        f"(workers, caller, Redis). Were the loop itself free, a machine short of CPU would "
+        f"give a ratio of at most {driven / (driven + floor):.2f}"
     )
     return hosted, hosted.rate / median("driven", lambda r: r.rate)
 

@@ -26,7 +26,17 @@ from saga import Saga, StepContext, ToolClass, ToolRegistry, Undo
 from saga.agents import Limits, ModelTurn, ToolCall, Transcript
 from saga.tools import Tool
 
-__all__ = ["AGENT", "CALLS", "IN_FLIGHT_KEY", "PEAK_KEY", "TURNS", "app", "model_wait", "saga"]
+__all__ = [
+    "AGENT",
+    "CALLS",
+    "IN_FLIGHT_KEY",
+    "NOOP_TURN",
+    "PEAK_KEY",
+    "TURNS",
+    "app",
+    "model_wait",
+    "saga",
+]
 
 AGENT = "bench"
 #: Turns with calls before the final answer, and the calls of each.
@@ -121,3 +131,21 @@ saga.agent(
     tools=[name for name, _ in CALLS],
     limits=Limits(max_turns=TURNS + 1, max_tool_calls=TURNS * len(CALLS)),
 )
+
+
+#: A turn that does nothing, on the turns queue with a turn's task options: what Celery alone
+#: costs per turn message (send, receive, ack), which no change to the loop can save.
+NOOP_TURN = "bench.noop_turn"
+
+
+@app.task(
+    name=NOOP_TURN,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    shared=False,
+    send_events=saga.settings.turn_events,
+)
+def noop_turn(self: Any, run_id: str, turn: int) -> None:
+    return None
