@@ -189,23 +189,16 @@ class Bench:
     def message_cost(self, runs: int, bursts: int) -> tuple[float, float, float]:
         """Celery alone, per turn message: ``bursts`` waves of ``runs`` no-op turns, each wave
         sent at once and taken before the next, as a round's runs move from turn to turn
-        together (sent the way ``send_turn`` sends them). CPU seconds per message: this
+        together (sent by ``send_turn``, as turns are). CPU seconds per message: this
         process's (the send), the turn workers' (receive, run, ack), the Redis server's."""
+        from saga.agents.launch import send_turn
         from saga.constants import TURN_QUEUE
 
         before = (*self._cpu(), self._server_cpu())
         start = time.perf_counter()
         for wave in range(bursts):
             for i in range(runs):
-                run_id = f"{wave:016x}{i:016x}"
-                self.app.app.send_task(
-                    self.app.NOOP_TURN,
-                    kwargs={"run_id": run_id, "turn": 1},
-                    task_id=f"{run_id}:turn:1",
-                    queue=TURN_QUEUE,
-                    argsrepr="()",
-                    kwargsrepr=f"{{'run_id': {run_id!r}, 'turn': 1}}",
-                )
+                send_turn(self.app.app, f"{wave:016x}{i:016x}", 1, task=self.app.NOOP_TURN)
             # Taken once the queue is empty and nothing is left unacknowledged (kombu's hash).
             while self.redis.llen(TURN_QUEUE) or self.redis.hlen("unacked"):
                 if time.perf_counter() - start > self.timeout:

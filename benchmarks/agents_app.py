@@ -24,6 +24,7 @@ from celery import Celery
 
 from saga import Saga, StepContext, ToolClass, ToolRegistry, Undo
 from saga.agents import Limits, ModelTurn, ToolCall, Transcript
+from saga.agents.hosted import turn_task_options
 from saga.tools import Tool
 
 __all__ = [
@@ -138,14 +139,6 @@ saga.agent(
 NOOP_TURN = "bench.noop_turn"
 
 
-@app.task(
-    name=NOOP_TURN,
-    bind=True,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    ignore_result=True,
-    shared=False,
-    send_events=saga.settings.turn_events,
-)
+@app.task(name=NOOP_TURN, **turn_task_options(saga))
 def noop_turn(self: Any, run_id: str, turn: int) -> None:
     return None

@@ -345,9 +345,9 @@ class HostedLoop(RunListener):
         return True
 
 
-def install_turn_tasks(app: Any, saga: Saga) -> None:
-    """Register ``saga.agent_turn`` and ``saga.start_unwind`` (both on the turns queue)."""
-    options: dict[str, Any] = {
+def turn_task_options(saga: Saga) -> dict[str, Any]:
+    """The Celery options of the tasks on the turns queue."""
+    return {
         "bind": True,
         "acks_late": True,
         "reject_on_worker_lost": True,
@@ -357,6 +357,11 @@ def install_turn_tasks(app: Any, saga: Saga) -> None:
         # Task events (Flower) only if asked for: see Settings.turn_events.
         "send_events": saga.settings.turn_events,
     }
+
+
+def install_turn_tasks(app: Any, saga: Saga) -> None:
+    """Register ``saga.agent_turn`` and ``saga.start_unwind`` (both on the turns queue)."""
+    options = turn_task_options(saga)
 
     @app.task(name=AGENT_TURN_TASK, **options)
     def agent_turn(self: Any, run_id: str, turn: int) -> None:

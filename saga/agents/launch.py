@@ -49,13 +49,14 @@ def enqueue_run(
     return run_id
 
 
-def send_turn(app: Any, run_id: str, turn: int) -> None:
-    """Send turn ``turn`` to the turns queue, under the turn's own task id.
+def send_turn(app: Any, run_id: str, turn: int, task: str = AGENT_TURN_TASK) -> None:
+    """Send turn ``turn`` to the turns queue, under the turn's own task id (``task``: another
+    task to send as a turn is sent, as the benchmark does to price a message on its own).
 
     The arguments' repr (what Flower shows) is written here: Celery's generic ``saferepr``
     of two plain values is about a sixth of a send, paid by a tool worker for each turn."""
     app.send_task(
-        AGENT_TURN_TASK,
+        task,
         kwargs={"run_id": run_id, "turn": turn},
         task_id=turn_task_id(run_id, turn),
         queue=TURN_QUEUE,
