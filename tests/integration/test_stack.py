@@ -19,7 +19,7 @@ import redis
 from redis.crc import key_slot
 
 from saga import payload
-from saga.constants import compensation_idempotency_key, run_keys, settled_key
+from saga.constants import agent_key, compensation_idempotency_key, run_keys, settled_key
 from saga.errors import StoreUnavailableError
 from saga.model import CompensationState, RunState, StepState, ToolClass
 from saga.rules import gate_for
@@ -43,15 +43,22 @@ def new_run(store: RunStore) -> Iterator[NewRun]:
     """Create runs with fresh ids; delete all their keys afterwards."""
     created: list[str] = []
 
-    def make(allow_after_pivot: bool = False) -> str:
+    def make(allow_after_pivot: bool = False, agent: str = "") -> str:
+        """``agent``: a hosted run of that agent (its loop's hash too), else one of run.call."""
         run_id = uuid.uuid4().hex
-        assert store.create(run_id, deadline=DEADLINE, allow_after_pivot=allow_after_pivot)
+        assert store.create(
+            run_id,
+            deadline=DEADLINE,
+            allow_after_pivot=allow_after_pivot,
+            agent=agent,
+            input_json="hi" if agent else "",
+        )
         created.append(run_id)
         return run_id
 
     yield make
     for run_id in created:
-        store.client.delete(*run_keys(run_id))
+        store.client.delete(*run_keys(run_id), agent_key(run_id))
         store.forget(run_id)
 
 
@@ -1086,33 +1093,30 @@ def test_more_callers_than_connections_wait_for_one_instead_of_failing(redis_url
         small.client.close()
 
 
-def test_the_success_that_completes_a_hosted_turn_says_so_once(store: RunStore) -> None:
+def test_the_success_that_completes_a_hosted_turn_says_so_once(
+    store: RunStore, new_run: NewRun
+) -> None:
     """record_success checks the step's turn in the same script: its 4th value is the turn
     for the one success that completed it, 0 for any other, and absent on a repeat (whose
     first caller may have died before sending the next turn: the repeat's caller checks)."""
     from saga.agents.messages import ModelTurn, ToolCall
     from saga.agents.turn_state import TurnStore
 
-    run_id = uuid.uuid4().hex
-    assert store.create(run_id, deadline=DEADLINE, agent="bench", input_json="hi")
+    run_id = new_run(agent="bench")
     calls = (ToolCall("a", "look_up", {"n": 1}), ToolCall("b", "look_up", {"n": 2}))
     TurnStore(store, 1 << 20).record_answer(run_id, 1, ModelTurn(calls=calls))
-    try:
-        steps = []
-        for i in range(2):
-            args = json.dumps({"n": i + 1})
-            gate = gate_for(ToolClass.READ)
-            reserved = store.reserve(run_id, "look_up", ToolClass.READ, args, gate, marker=f"1:{i}")
-            steps.append(int(reserved.values[0]))
-            assert begin(store, run_id, steps[-1]).status == "run"
-        driven = start(store, run_id, "look_up", ToolClass.READ)  # no marker: run.call's step
+    steps = []
+    for i in range(2):
+        args = json.dumps({"n": i + 1})
+        gate = gate_for(ToolClass.READ)
+        reserved = store.reserve(run_id, "look_up", ToolClass.READ, args, gate, marker=f"1:{i}")
+        steps.append(int(reserved.values[0]))
+        assert begin(store, run_id, steps[-1]).status == "run"
+    driven = start(store, run_id, "look_up", ToolClass.READ)  # no marker: run.call's step
 
-        assert succeed(store, run_id, steps[0]).values[2] == 0  # two more in flight
-        assert succeed(store, run_id, driven).values[2] == 0  # not a turn's call
-        assert succeed(store, run_id, steps[1]).values[2] == 1  # the last: turn 1 is done
-        repeat = succeed(store, run_id, steps[1])
-        assert repeat.status == "dup" and len(repeat.values) == 2
-        assert store.advance_turn(run_id, step=steps[1]) == 0  # first writer won already
-    finally:
-        store.client.delete(*run_keys(run_id))
-        store.forget(run_id)
+    assert succeed(store, run_id, steps[0]).values[2] == 0  # two more in flight
+    assert succeed(store, run_id, driven).values[2] == 0  # not a turn's call
+    assert succeed(store, run_id, steps[1]).values[2] == 1  # the last: turn 1 is done
+    repeat = succeed(store, run_id, steps[1])
+    assert repeat.status == "dup" and len(repeat.values) == 2
+    assert store.advance_turn(run_id, step=steps[1]) == 0  # first writer won already
