@@ -17,7 +17,7 @@ from typing import Any
 from celery import Celery
 
 from saga.agents.launch import enqueue_run as _enqueue_run
-from saga.agents.launch import send_turn
+from saga.agents.launch import published_agent, send_turn
 from saga.agents.turn_state import LoopState, document
 from saga.constants import ACTIVE_RUNS_KEY, START_UNWIND_TASK, TURN_QUEUE, agent_key, run_keys
 from saga.errors import ApprovalError, RunEndedError, UnknownRunError
@@ -27,6 +27,7 @@ from saga.rules import not_undone
 from saga.settings import Settings
 from saga.stack import RunStore
 from saga.transport import use_pooled_client_transport
+from saga.validation import check_agent_name, check_deadline, check_name, check_text
 
 __all__ = [
     "Client",
@@ -117,14 +118,24 @@ class Client:
         self, agent: str, input: str, run_id: str | None = None, deadline: float | None = None
     ) -> str:
         """Start a run of ``agent`` on the workers; returns its id at once. The same
-        ``run_id`` twice starts one run. An agent no worker knows ends the run at turn 1."""
+        ``run_id`` twice starts one run. ``deadline`` (seconds without progress before the
+        reaper resolves the run, and an approval expires): default, the agent's own, as the
+        workers published it, else ``SAGA_RUN_DEADLINE``.
+
+        An agent no worker hosts is refused here (``UnknownAgentError``) once any worker has
+        published the agents it hosts; before that, the turn worker ends such a run
+        ``failed_to_start``."""
+        check_agent_name(agent)
+        hosted = published_agent(self.store, agent)
+        if deadline is None:
+            deadline = (hosted or {}).get("deadline") or self.settings.run_deadline_seconds
         return _enqueue_run(
             self.store,
             self.app,
             agent,
             input,
             run_id,
-            deadline or self.settings.run_deadline_seconds,
+            check_deadline(deadline),
             self.settings.max_payload_bytes,
         )
 
@@ -163,6 +174,8 @@ class Client:
     def _decide(
         self, run_id: str, marker: str, verdict: str, by: str, reason: str, args_hash: str
     ) -> None:
+        check_name("by", by)
+        check_text("reason", reason, max_length=2000)
         outcome = self.store.decide_approval(run_id, marker, verdict, by, reason, args_hash)
         if outcome.status != "ok":
             why = {
@@ -178,6 +191,7 @@ class Client:
     def abort_run(self, run_id: str, reason: str = "aborted by the user") -> None:
         """Stop the run now: no more turns; the workers unwind what it did (or escalate past
         its pivot) once its steps in flight settle."""
+        check_text("reason", reason, max_length=2000)
         outcome = self.store.abort(run_id, f"aborted: {reason}")
         if outcome.status == "unknown":
             raise UnknownRunError(f"no run {run_id}")
@@ -236,8 +250,10 @@ def default_client() -> Client:
     return Client()
 
 
-def enqueue_run(agent: str, input: str, run_id: str | None = None) -> str:
-    return default_client().enqueue_run(agent, input, run_id)
+def enqueue_run(
+    agent: str, input: str, run_id: str | None = None, deadline: float | None = None
+) -> str:
+    return default_client().enqueue_run(agent, input, run_id, deadline)
 
 
 def get_run(run_id: str) -> RunStatus:

@@ -11,6 +11,9 @@ KEY_PREFIX = "saga"
 
 #: Sorted set of runs not yet ended, for the reaper (the one key outside any run's hash tag).
 ACTIVE_RUNS_KEY = f"{KEY_PREFIX}:active"
+#: The agents the workers host, by name (JSON: deadline, tools, approval), published by each
+#: worker as it starts: what lets a web app refuse a run of an agent no worker runs.
+AGENTS_KEY = f"{KEY_PREFIX}:agents"
 #: When the beat-scheduled reaper last finished a pass (Redis clock): ``saga doctor`` reads it
 #: to tell that beat and a worker are alive.
 REAPER_PASS_KEY = f"{KEY_PREFIX}:reaper:last-pass"

@@ -27,9 +27,9 @@ from saga.constants import (
 from saga.errors import (
     DispatchError,
     PayloadError,
+    RunContendedError,
     RunEndedError,
     RunExistsError,
-    SagaError,
     StepsInFlightError,
     UnknownRunError,
     UnknownToolError,
@@ -131,7 +131,8 @@ class Saga:
         from saga.agents.launch import enqueue_run
 
         deadline = self.agents.get(agent).deadline or self.settings.run_deadline_seconds
-        return enqueue_run(self.store, self.app, agent, input, run_id, deadline)
+        limit = self.settings.max_payload_bytes
+        return enqueue_run(self.store, self.app, agent, input, run_id, deadline, limit)
 
     def step_settled(self, run_id: str, step: int, turn_done: int | None = None) -> None:
         """The worker recorded a step's outcome: tell the listeners. Never raises: a lost
@@ -280,7 +281,7 @@ class Saga:
                 raise UnknownRunError(f"no run {run_id}")
             # Refused: say exactly why, from a fresh view (if it moved on meanwhile, retry).
             rules.check_call(view, tool_name, tool_class)
-        raise SagaError(f"run {run_id} kept changing; call {tool_name} again")
+        raise RunContendedError(f"run {run_id} kept changing; call {tool_name} again")
 
     @property
     def lease_seconds(self) -> float:
@@ -302,6 +303,17 @@ class Saga:
             raise StepsInFlightError(run_id, sorted(int(s) for s in outcome.values))
         self._record_or_leave_to_reaper(run_id)
         return self.picture(run_id)
+
+    def fail_to_start(self, run_id: str, reason: str) -> bool:
+        """End a running run that never reserved a step (``failed_to_start``): nothing ran,
+        so there is nothing to undo. False if it had begun (abort it instead)."""
+        outcome = self.store.conclude(run_id, RunState.FAILED_TO_START, reason)
+        if outcome.status == "ended":
+            raise RunEndedError(run_id, str(outcome.values[0]))
+        if outcome.status != "ok":
+            return False
+        self._record_or_leave_to_reaper(run_id)
+        return True
 
     def abort(self, run_id: str, reason: str, *, version: str = "") -> bool:
         """Unwind the run (or escalate, past its pivot). ``version``: only if the run has not

@@ -120,6 +120,15 @@ class DispatchError(SagaError):
     retryable = True
 
 
+class RunContendedError(SagaError):
+    """The run kept changing under a dispatch (other calls settling at once); call it again."""
+
+
+class InvalidTextError(SagaError):
+    """A name, note or reason a person or an app gave is too long, empty or not plain text;
+    nothing was changed (the message names the field)."""
+
+
 class StoreUnavailableError(SagaError):
     """The Redis holding the compensation stack did not answer."""
 

@@ -96,6 +96,7 @@ U = RunState
 RUN_MOVES = _moves(
     [
         ("complete", U.RUNNING, U.COMPLETED, (Actor.AGENT,), "every step settled"),
+        ("fail_to_start", U.RUNNING, U.FAILED_TO_START, (W,), "no agent to run it: no step ran"),
         ("fail", U.RUNNING, U.UNWINDING, (W, R, RV), "a step failed or is in doubt"),
         ("abort", U.RUNNING, U.UNWINDING, (Actor.AGENT, R, W), "asked to stop, or abandoned"),
         ("take_over", U.UNWINDING, U.UNWINDING, (R,), "its unwind stalled: a new owner"),

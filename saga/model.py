@@ -34,10 +34,18 @@ class RunState(StrEnum):
     COMPLETED = "completed"
     COMPENSATED = "compensated"
     ESCALATED = "escalated"
+    #: A hosted run whose agent no worker hosts ended before its first step: nothing ran,
+    #: so nothing is undone (it is no compensation).
+    FAILED_TO_START = "failed_to_start"
 
     @property
     def ended(self) -> bool:
-        return self in (RunState.COMPLETED, RunState.COMPENSATED, RunState.ESCALATED)
+        return self in (
+            RunState.COMPLETED,
+            RunState.COMPENSATED,
+            RunState.ESCALATED,
+            RunState.FAILED_TO_START,
+        )
 
 
 class StepState(StrEnum):

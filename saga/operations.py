@@ -34,6 +34,7 @@ from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
 from saga.records import EscalationRecord
 from saga.records.rows import action_rows, escalation_id, generation_of
+from saga.validation import check_name, check_text
 
 if TYPE_CHECKING:
     from saga.engine import Saga
@@ -88,6 +89,8 @@ def requeue(saga: Saga, run_id: str, corrections: Mapping[int, Mapping[str, Any]
 
 def resolve(saga: Saga, escalation: str, *, note: str, by: str) -> EscalationRecord:
     """``Saga.resolve_escalation``: the escalation as recorded once resolved."""
+    check_text("note", note)
+    check_name("by", by, required=False)
     if not note.strip() or not by.strip():
         raise OperationRefusedError("a resolve needs a note saying what was done, and by whom")
     row = saga.records.escalation(escalation)
@@ -180,6 +183,7 @@ def _check_shape(corrections: Mapping[int, Mapping[str, Any]], by: str) -> None:
             raise InvalidCorrectionError(
                 f"the correction of step {step} must map argument names to values"
             )
+    check_name("by", by, required=False)
     if corrections and not by.strip():
         raise InvalidCorrectionError("say who corrects the undo's arguments (by=...)")
 

@@ -20,6 +20,7 @@ from saga.errors import (
 )
 from saga.model import RunState, StepState
 from saga.picture import RunPicture
+from saga.validation import check_text
 
 if TYPE_CHECKING:
     from saga.engine import Saga
@@ -129,7 +130,7 @@ class Run:
 
     def abort(self, reason: str) -> None:
         """Unwind on the agent's request (or escalate, if the run is past its pivot)."""
-        self.saga.abort(self.run_id, reason)
+        self.saga.abort(self.run_id, check_text("reason", reason, max_length=2000))
 
     def wait(self, timeout: float | None = None) -> RunPicture:
         """Wait until the run has ended (completed, compensated or escalated) and its SQL

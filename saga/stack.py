@@ -85,6 +85,11 @@ _SCRIPTS = (
     "freeze_results",
     "advance_turn",
     "decide_approval",
+    "turn_lease",
+    "record_refusal",
+    "request_approval",
+    "expire_approval",
+    "count_revival",
 )
 
 #: Answers of the scripts that mean "this transition is not in the table" (saga/machine.py).
@@ -434,12 +439,23 @@ class RunStore:
         outcome = self._call("restore", picture.run_id, *documents, self.retention_seconds)
         return outcome.status == "ok"
 
-    def ask_model(self, run_id: str, turn: int, lease_seconds: float) -> bool:
-        """Take turn ``turn``'s lease and count the policy call it is taken for; False (and
-        nothing counted) while another delivery holds the lease."""
+    def ask_model(self, run_id: str, turn: int, lease_seconds: float, token: str) -> bool:
+        """Take turn ``turn``'s lease under ``token`` and count the policy call it is taken
+        for; False (and nothing counted) while another delivery holds the lease."""
         lease_ms = max(1, int(lease_seconds * 1000))
         lease = turn_lease_key(run_id, turn)
-        return self._call("ask_model", run_id, turn, lease_ms, extra=lease).status == "ok"
+        return self._call("ask_model", run_id, turn, lease_ms, token, extra=lease).status == "ok"
+
+    def renew_turn_lease(self, run_id: str, turn: int, token: str, lease_seconds: float) -> bool:
+        """Extend the turn's lease if ``token`` still holds it; False if it does not."""
+        lease_ms = max(1, int(lease_seconds * 1000))
+        lease = turn_lease_key(run_id, turn)
+        outcome = self._call("turn_lease", run_id, "renew", token, lease_ms, extra=lease)
+        return outcome.status == "ok"
+
+    def release_turn_lease(self, run_id: str, turn: int, token: str) -> None:
+        """End the turn's lease if ``token`` still holds it (a model call with no answer)."""
+        self._call("turn_lease", run_id, "release", token, 0, extra=turn_lease_key(run_id, turn))
 
     def record_answer(
         self,
@@ -449,12 +465,13 @@ class RunStore:
         calls: int,
         input_tokens: int,
         output_tokens: int,
+        token: str = "",
     ) -> Outcome:
         """A hosted turn's model answer (making ``calls`` tool calls), first writer wins:
         ``ok`` or ``dup``, each with the answer as recorded; ``unknown`` for a run with no
-        agent. Releases the turn's lease."""
+        agent. Releases the turn's lease if ``token`` holds it."""
         lease = turn_lease_key(run_id, turn)
-        args = (turn, answer_json, input_tokens, output_tokens, calls)
+        args = (turn, answer_json, input_tokens, output_tokens, calls, token)
         return self._call("record_answer", run_id, *args, extra=lease)
 
     def advance_turn(self, run_id: str, turn: int = 0, step: int = 0) -> int:
@@ -474,6 +491,25 @@ class RunStore:
         """A person's decision on a hosted call awaiting approval: ``ok``, or ``unknown`` /
         ``decided`` / ``ended`` / ``mismatch`` (other arguments) / ``expired``."""
         return self._call("decide_approval", run_id, marker, verdict, by, reason, args_hash)
+
+    def record_refusal(self, run_id: str, marker: str, message: str) -> bool:
+        """Why the hosted call ``marker`` is not dispatched, first writer wins (True if this
+        caller's reason is the one recorded)."""
+        return self._call("record_refusal", run_id, marker, message).status == "ok"
+
+    def request_approval(self, run_id: str, marker: str, request_json: str) -> bool:
+        """Ask a person about the call ``marker`` (stamped with the Redis clock); first
+        writer wins."""
+        return self._call("request_approval", run_id, marker, request_json).status == "ok"
+
+    def expire_approval(self, run_id: str, marker: str, message: str) -> Outcome:
+        """Judge a waiting approval: ``decided`` (with the decision), ``expired`` (refused
+        with ``message``, now or before), ``waiting`` (with when it expires), ``unknown``."""
+        return self._call("expire_approval", run_id, marker, message)
+
+    def count_revival(self, run_id: str) -> int:
+        """The reaper sends a stalled hosted turn again: how often for this stall."""
+        return int(self._call("count_revival", run_id).values[0])
 
     # -- reading --------------------------------------------------------------------------
 

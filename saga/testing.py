@@ -203,8 +203,10 @@ FAULT_POINTS = (
     "after_effect",
     "before_compensation",
     "after_compensation",
+    "during_model_call",
     "after_model_answer",
     "between_dispatches",
+    "after_loop_ended",
     "after_escalation_recorded",
 )
 FAULTS_ENV = "SAGA_TESTING_FAULTS"

@@ -1,10 +1,12 @@
-"""What ``Saga.start_run`` accepts, checked before anything is written.
+"""What saga accepts from an application or a person, checked before anything is written.
 
 A run id ends up in places with rules of their own: Redis keys ``saga:{run_id}:...`` whose
 ``{...}`` is the Redis Cluster hash tag (a brace in the id moves the keys to different slots),
 Celery task ids and idempotency keys ``<run>:<step>`` (a colon makes them ambiguous), and a SQL
 column of fixed width (a longer id would never be recorded, so the run would never conclude).
 A bad value is refused at the door, naming what is wrong, rather than surfacing in the reaper.
+The same goes for free text (who did it, a note, a reason, an agent's name): a value its SQL
+column cannot hold would make the run's record fail on every attempt, so it never enters.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 
-from saga.errors import InvalidRunIdError, InvalidRunOptionError
+from saga.errors import InvalidRunIdError, InvalidRunOptionError, InvalidTextError
 
 #: The records' ``run_id`` columns are sized for it (``saga.records``).
 RUN_ID_MAX_LENGTH = 128
@@ -69,3 +71,57 @@ def check_flag(name: str, value: object) -> bool:
             f"{name} must be True or False, got {value!r} ({type(value).__name__})"
         )
     return value
+
+
+#: The records' name columns (``resolved_by``, ``actions.by``, ``runs.agent``) hold this many.
+NAME_MAX_LENGTH = 200
+#: Notes and reasons a person or an app writes: unbounded columns, bounded here all the same.
+TEXT_MAX_LENGTH = 10_000
+#: An agent's name: what ``saga.agent(...)`` accepts, and what a web app may enqueue.
+AGENT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+
+
+def check_text(field: str, value: object, *, max_length: int = TEXT_MAX_LENGTH) -> str:
+    """Free text bound for Redis and the records (a note, a reason, a user's message): a
+    string of at most ``max_length`` characters that every database can store: no NUL
+    (PostgreSQL refuses it in text) and no lone surrogate (it is not UTF-8)."""
+    if not isinstance(value, str):
+        raise InvalidTextError(f"{field} must be a string, got {type(value).__name__}")
+    if len(value) > max_length:
+        raise InvalidTextError(
+            f"{field} is {len(value)} characters long: at most {max_length} are accepted"
+        )
+    if "\x00" in value:
+        raise InvalidTextError(f"{field} contains a NUL character (\\x00) at {value.index(chr(0))}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidTextError(
+            f"{field} is not valid text: {exc.reason} at position {exc.start}"
+        ) from None
+    return value
+
+
+def check_name(
+    field: str, value: object, *, max_length: int = NAME_MAX_LENGTH, required: bool = True
+) -> str:
+    """Who did something (``by``): text of one line, at most ``max_length`` characters (the
+    records' column); not blank when ``required``."""
+    name = check_text(field, value, max_length=max_length)
+    if required and not name.strip():
+        raise InvalidTextError(f"{field} must not be empty: say who")
+    control = next((c for c in name if ord(c) < 32 or ord(c) == 127), None)
+    if control is not None:
+        raise InvalidTextError(f"{field} contains the control character {control!r}")
+    return name
+
+
+def check_agent_name(name: object) -> str:
+    """An agent's name as declared (``saga.agent``): what a web app may enqueue."""
+    if not isinstance(name, str) or not AGENT_NAME.fullmatch(name):
+        shown = repr(name if not isinstance(name, str) or len(name) <= 40 else name[:40] + "...")
+        raise InvalidTextError(
+            f"agent name {shown} is not one an agent can have: 1-64 characters of lowercase "
+            "letters, digits, '_' and '-', starting with a letter"
+        )
+    return name

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from celery import Celery, Task
 from celery.canvas import signature
 from celery.exceptions import Ignore
-from celery.signals import celeryd_after_setup, task_revoked, worker_init, worker_shutdown
+from celery.signals import (
+    celeryd_after_setup,
+    task_revoked,
+    worker_init,
+    worker_ready,
+    worker_shutdown,
+)
 
 from saga import metrics, payload
 from saga.constants import (
@@ -69,11 +75,16 @@ _TASK_OPTIONS: dict[str, Any] = {
 def install(app: Celery, saga: Saga) -> None:
     """Register every tool of ``saga.registry``, the conclude and reap tasks, the start-up
     guard and the revoke handler on ``app``."""
-    from saga.agents.hosted import install_turn_tasks
+    from saga.agents.hosted import install_turn_tasks, publish_hosted_agents
 
     for tool in saga.registry:
         _install_tool(app, saga, tool)
     install_turn_tasks(app, saga)
+    worker_ready.connect(
+        lambda sender=None, **_: publish_hosted_agents(saga),
+        weak=False,
+        dispatch_uid=f"saga-agents-{id(app)}",
+    )
     notify_task.install_notify_task(app, saga)
     _install_metrics(app, saga)
 

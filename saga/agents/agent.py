@@ -7,7 +7,6 @@ because the place it would otherwise surface is a worker, mid-run, where nobody 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -18,9 +17,10 @@ from saga.errors import ToolDefinitionError, UnknownAgentError
 from saga.model import ToolClass
 from saga.retry import RetryPolicy
 from saga.tools import Tool, ToolRegistry
+from saga.validation import AGENT_NAME
 
 #: Agent names go in a 100-character column; 64 is plenty for a name a person reads.
-_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+_NAME = AGENT_NAME
 
 
 class OnFailure(StrEnum):

@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import enum
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from saga import rules
+from saga.agents import approvals
 from saga.agents.agent import Agent, OnFailure, OnLimit
-from saga.agents.launch import send_turn
+from saga.agents.launch import publish_agents, send_turn
+from saga.agents.lease import TURN_LEASE_SECONDS, Hold, keeper_for
 from saga.agents.messages import ModelTurn, ToolCall
 from saga.agents.policies import take_turn
 from saga.agents.turn_state import (
     LoopState,
     TurnStore,
-    args_hash,
     consecutive_refusals,
     transcript_until,
     turn_results,
@@ -41,8 +43,10 @@ from saga.errors import (
     InvalidArgumentsError,
     ModelCallError,
     PayloadError,
+    RunContendedError,
     RunEndedError,
     StepsInFlightError,
+    StoreUnavailableError,
     UnknownAgentError,
     UnknownToolError,
 )
@@ -62,15 +66,34 @@ LONGEST_MODEL_WAIT = 300.0
 MAX_REVIVALS = 3
 #: A turn whose model is being asked by another delivery comes back after this long.
 _LEASE_WAIT = 2.0
+#: A turn that met Redis away, or a run changing under its dispatch, comes back after this
+#: long (doubling), this many times; then it fails and the reaper revives it.
+_BLIP_WAIT = 1.0
+MAX_BLIPS = 8
 
 
-def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> float | None:
-    """Play turn ``turn`` of a hosted run; returns seconds after which to try again (a
-    retryable model error, or another delivery asking the model), else None."""
+@dataclass(frozen=True)
+class Again:
+    """Play the turn again after ``delay`` seconds."""
+
+    delay: float
+    #: A model call failed and is asked again: it spends one of the agent's model attempts.
+    #: Waiting for another delivery's answer, or for Redis, spends none.
+    model_attempt: bool = False
+
+
+def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> Again | None:
+    """Play turn ``turn`` of a hosted run (``attempt``: of its model call); returns when to
+    try again (a retryable model error, or another delivery asking the model), else None."""
     picture = saga.store.picture(run_id)
     state = LoopState.parse(picture.agent) if picture is not None else None
     if picture is None or state is None:
         logger.error("run %s: turn %d of a run with no agent state; dropped", run_id, turn)
+        return None
+    if picture.state is RunState.RUNNING and state.ended:
+        # The loop's end was recorded and not carried out (its delivery died in between):
+        # carry it out, as recorded. A final answer completes; it never unwinds.
+        carry_out_end(saga, run_id, state.end or _end_of(state.ended), state.ended)
         return None
     if picture.state is not RunState.RUNNING or turn in state.advanced:
         return None  # the run is failing or ended, or this turn is done: a late duplicate
@@ -82,9 +105,9 @@ def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> float | No
     try:
         agent = saga.agents.get(state.agent)
     except UnknownAgentError as exc:
-        _end(saga, run_id, turn, OnLimit.UNWIND, str(exc))
+        _not_hosted(saga, run_id, turn, str(exc))
         return None
-    turns = TurnStore(saga.store, saga.settings.max_payload_bytes)
+    turns = _turns(saga)
     answer = state.answers.get(turn)
     if answer is None:
         asked = _ask(saga, turns, agent, picture, state, turn, attempt)
@@ -106,6 +129,11 @@ def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> float | No
     return None
 
 
+def _turns(saga: Saga) -> TurnStore:
+    settings = saga.settings
+    return TurnStore(saga.store, settings.max_payload_bytes, settings.max_transcript_bytes)
+
+
 def _ask(
     saga: Saga,
     turns: TurnStore,
@@ -114,17 +142,15 @@ def _ask(
     state: LoopState,
     turn: int,
     attempt: int,
-) -> ModelTurn | float | None:
+) -> ModelTurn | Again | None:
     """Freeze the results the model is about to read, check the limits, and ask the policy
-    once: the recorded answer, a retry delay, or None when the run ended here."""
+    once: the recorded answer, when to try again, or None when the run ended here."""
     run_id = picture.run_id
-    for k in range(1, turn):
-        if state.answers[k].calls and k not in state.results:
-            results = turn_results(picture, state, k)
-            if results is None:  # cannot happen: turn k advanced only once all settled
-                logger.error("run %s: turn %d started before turn %d settled", run_id, turn, k)
-                return None
-            state.results[k] = turns.freeze_results(run_id, k, results)
+    try:
+        _freeze_earlier_results(turns, picture, state, turn)
+    except PayloadError as exc:  # the same on every delivery: end as the agent's limits say
+        _end(saga, run_id, turn, agent.limits.on_limit, f"transcript limit: {exc}")
+        return None
     ended = _limit_reached(agent, state, turn, saga.settings.max_transcript_bytes)
     if ended is not None:
         how, why = ended
@@ -135,29 +161,48 @@ def _ask(
         why = f"turn {turn} was asked {state.asked[turn]} times without an answer"
         _end(saga, run_id, turn, OnLimit.UNWIND, why)
         return None
-    if not turns.ask_model(run_id, turn, saga.lease_seconds):
-        return _LEASE_WAIT
+    hold = Hold(run_id, turn, min(saga.lease_seconds, TURN_LEASE_SECONDS))
+    if not turns.ask_model(run_id, turn, hold.seconds, hold.token):
+        return Again(_LEASE_WAIT)
     recorded: ModelTurn | None = None  # recording the answer releases the lease
     try:
-        answer = take_turn(agent.policy, transcript_until(state, turn), agent.tools)
-        recorded = turns.record_answer(run_id, turn, answer)
+        with keeper_for(saga.store).holding(hold):
+            _strike(saga, "during_model_call", agent.name)
+            answer = take_turn(agent.policy, transcript_until(state, turn), agent.tools)
+        recorded = turns.record_answer(run_id, turn, answer.with_usable_call_ids(turn), hold.token)
         return recorded
     except ModelCallError as exc:
         if exc.retryable and agent.model_retry.allows_another(attempt):
             wait = exc.retry_after if exc.retry_after is not None else None
             delay = agent.model_retry.delay(attempt) if wait is None else wait
             logger.warning("run %s turn %d: %s; asking again in %.1fs", run_id, turn, exc, delay)
-            return min(delay, LONGEST_MODEL_WAIT)
+            return Again(min(delay, LONGEST_MODEL_WAIT), model_attempt=True)
         _end(saga, run_id, turn, OnLimit.UNWIND, f"model call failed: {exc}")
     except PayloadError as exc:
         _end(saga, run_id, turn, OnLimit.UNWIND, f"the model's answer cannot be kept: {exc}")
+    except StoreUnavailableError:
+        raise  # Redis away, not the policy's fault: the task tries the turn again
     except Exception as exc:  # a bug in the policy: every retry would fail the same way
         logger.exception("run %s turn %d: the policy raised", run_id, turn)
         _end(saga, run_id, turn, OnLimit.UNWIND, f"the policy failed: {type(exc).__name__}: {exc}")
     finally:
         if recorded is None:
-            turns.release_lease(run_id, turn)
+            turns.release_lease(run_id, turn, hold.token)
     return None
+
+
+def _freeze_earlier_results(
+    turns: TurnStore, picture: RunPicture, state: LoopState, turn: int
+) -> None:
+    """Record what each earlier turn's calls returned, as the model is about to read it
+    (first writer wins: every delivery, and the transcript, shows the same)."""
+    for k in range(1, turn):
+        if state.answers[k].calls and k not in state.results:
+            results = turn_results(picture, state, k)
+            if results is None:  # cannot happen: turn k advanced only once all settled
+                logger.error("run %s: turn %d started before %d settled", picture.run_id, turn, k)
+                continue
+            state.results[k] = turns.freeze_results(picture.run_id, k, results)
 
 
 def _limit_reached(
@@ -215,7 +260,7 @@ def _dispatch_calls(
         tool = agent.tool(call.name)
         assert tool is not None
         if tool.name in agent.approval:
-            verdict = _approval(saga, turns, picture, state, turn, i, call)
+            verdict = approvals.judge(turns, run_id, state, turn, i, call)
             if verdict is None:
                 continue  # waits for a person; deciding sends this turn again
             if verdict:
@@ -243,33 +288,6 @@ def _dispatch_calls(
     return placed
 
 
-def _approval(
-    saga: Saga,
-    turns: TurnStore,
-    picture: RunPicture,
-    state: LoopState,
-    turn: int,
-    i: int,
-    call: ToolCall,
-) -> str | None:
-    """For a call that needs a person: '' once approved (dispatch it), the refusal the model
-    is told (denied, expired), or None while it waits (asked now if not asked yet)."""
-    decision = state.decisions.get((turn, i))
-    if decision is not None:
-        if decision["verdict"] == "approved" and decision["args_hash"] == args_hash(call):
-            return ""
-        why = decision.get("reason") or "no reason given"
-        return f"a person ({decision.get('by') or 'unknown'}) declined {call.name}: {why}"
-    request = state.approvals.get((turn, i))
-    if request is None:
-        turns.request_approval(picture.run_id, turn, i, call)
-        logger.info("run %s turn %d: %s waits for approval", picture.run_id, turn, call.name)
-        return None
-    if saga.store.now() > float(request["requested_at"]) + picture.deadline:
-        return f"nobody approved {call.name} in time; the request expired"
-    return None
-
-
 def _class_of(agent: Agent, call: ToolCall) -> ToolClass | None:
     tool = agent.tool(call.name)
     return None if tool is None or call.error else tool.tool_class
@@ -294,20 +312,49 @@ def advance_if_settled(saga: Saga, run_id: str, turn: int) -> None:
 
 
 def _end(saga: Saga, run_id: str, turn: int, how: OnLimit | str, why: str) -> None:
-    """Stop the loop: complete the run, or abort it (unwind, or escalate past the pivot)."""
-    turns = TurnStore(saga.store, saga.settings.max_payload_bytes)
-    turns.mark_ended(run_id, turn, why)
-    logger.info("run %s: the loop ends at turn %d (%s): %s", run_id, turn, how, why)
+    """Stop the loop: record why and how (first writer wins), then carry it out."""
+    why, end = _turns(saga).mark_ended(run_id, turn, why, OnLimit(how).value)
+    logger.info("run %s: the loop ends at turn %d (%s): %s", run_id, turn, end, why)
+    _strike(saga, "after_loop_ended", "")
+    carry_out_end(saga, run_id, end, why)
+
+
+#: The end of a loop whose agent this worker does not host (see ``carry_out_end``).
+_NOT_HOSTED = "not_hosted"
+
+
+def _not_hosted(saga: Saga, run_id: str, turn: int, why: str) -> None:
+    logger.error("run %s: %s", run_id, why)
+    why, end = _turns(saga).mark_ended(run_id, turn, f"failed to start: {why}", _NOT_HOSTED)
+    carry_out_end(saga, run_id, end, why)
+
+
+def carry_out_end(saga: Saga, run_id: str, end: str, why: str) -> None:
+    """Complete the run (``finish``) or abort it (``unwind``: unwind, or escalate past the
+    pivot), as the loop's recorded end says. Whoever finds the end recorded and the run still
+    running calls this again: the turn's redelivery, or the reaper.
+
+    An agent this worker does not host (``not_hosted``): a run that never dispatched a step
+    ends ``failed_to_start`` (nothing to undo: it is no compensation); one that did (a deploy
+    removed its agent mid-run) cannot go on, and unwinds."""
     try:
-        if how == OnLimit.FINISH:
+        if end == _NOT_HOSTED and saga.fail_to_start(run_id, why):
+            return
+        if end == OnLimit.FINISH:
             try:
                 saga.complete(run_id)
-                return
-            except StepsInFlightError:
-                why = f"{why}, with steps still in flight"
+            except StepsInFlightError as exc:
+                # Never unwind a finished loop: complete once they settle (the reaper does).
+                logger.warning("run %s: finished, waiting for %s to settle", run_id, exc)
+            return
         saga.abort(run_id, why)
     except RunEndedError:
         pass
+
+
+def _end_of(ended: str) -> str:
+    """The end of a loop recorded before ends said what to do: only a final answer finished."""
+    return OnLimit.FINISH.value if ended == "final answer" else OnLimit.UNWIND.value
 
 
 def _strike(saga: Saga, point: str, name: str) -> None:
@@ -330,14 +377,26 @@ class HostedLoop(RunListener):
             send_turn(self.saga.app, run_id, turn + 1)
 
     def run_idle(self, run_id: str) -> bool:
-        """Send the current turn again (or, if it is done, the next): its message or the
-        notice of its last step was lost. Gives up after ``MAX_REVIVALS``."""
+        """The reaper found the run idle past its deadline: move it on if the loop can.
+        Carries out a recorded end; expires the approvals it waits for (and moves on, no
+        revival spent); else sends the current turn again (or, if it is done, the next):
+        its message or the notice of its last step was lost. Gives up after ``MAX_REVIVALS``
+        revivals of one stall (progress in between starts the count afresh)."""
         picture = self.saga.store.picture(run_id)
         state = LoopState.parse(picture.agent) if picture is not None else None
-        if picture is None or state is None or state.ended:
+        if picture is None or state is None or picture.state is not RunState.RUNNING:
             return False
-        turns = TurnStore(self.saga.store, self.saga.settings.max_payload_bytes)
-        if turns.count_revival(run_id) > MAX_REVIVALS:
+        if state.ended:
+            carry_out_end(self.saga, run_id, state.end or _end_of(state.ended), state.ended)
+            return True
+        expired, waiting = approvals.expire_waiting(self.saga.store, run_id, state)
+        if expired:
+            logger.info("run %s: %d approval(s) expired; the turn goes on", run_id, expired)
+            send_turn(self.saga.app, run_id, state.current_turn)
+            return True
+        if waiting:
+            return True  # a person has until the request expires; the reaper looks again
+        if _turns(self.saga).count_revival(run_id) > MAX_REVIVALS:
             return False
         turn = state.current_turn
         logger.warning("run %s: idle at turn %d; sending it again", run_id, turn)
@@ -359,15 +418,32 @@ def turn_task_options(saga: Saga) -> dict[str, Any]:
     }
 
 
+def publish_hosted_agents(saga: Saga) -> None:
+    """A worker starts: say which agents it hosts (``saga.client`` refuses the others)."""
+    try:
+        publish_agents(saga.store, saga.agents)
+    except StoreUnavailableError:
+        logger.exception("could not publish the agents this worker hosts")
+
+
 def install_turn_tasks(app: Any, saga: Saga) -> None:
     """Register ``saga.agent_turn`` and ``saga.start_unwind`` (both on the turns queue)."""
     options = turn_task_options(saga)
 
     @app.task(name=AGENT_TURN_TASK, **options)
-    def agent_turn(self: Any, run_id: str, turn: int) -> None:
-        delay = run_turn(saga, run_id, int(turn), attempt=self.request.retries + 1)
-        if delay is not None:
-            raise self.retry(countdown=delay)
+    def agent_turn(self: Any, run_id: str, turn: int, attempt: int = 1, blips: int = 0) -> None:
+        kwargs = {"run_id": run_id, "turn": turn, "attempt": attempt, "blips": blips}
+        try:
+            again = run_turn(saga, run_id, int(turn), attempt=int(attempt))
+        except (StoreUnavailableError, RunContendedError) as exc:
+            if blips >= MAX_BLIPS:
+                raise  # the reaper revives the turn at the run's deadline
+            delay = _BLIP_WAIT * 2**blips
+            logger.warning("run %s turn %s: %s; trying again in %.0fs", run_id, turn, exc, delay)
+            raise self.retry(countdown=delay, kwargs={**kwargs, "blips": blips + 1}) from exc
+        if again is not None:
+            kwargs["attempt"] = attempt + 1 if again.model_attempt else attempt
+            raise self.retry(countdown=again.delay, kwargs=kwargs)
 
     @app.task(name=START_UNWIND_TASK, **options)
     def start_unwind(self: Any, run_id: str, owner: str) -> None:

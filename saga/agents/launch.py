@@ -1,17 +1,26 @@
 """Starting a hosted run and sending its turns: what the web app (``saga.client``) and the
 workers share. No tool code, no Celery import: tasks are sent by name on the app given.
+
+The workers publish the agents they host (``publish_agents``, as each starts), so a web app
+that knows nothing but the URLs can still refuse a run of an agent no worker runs, and start
+every run on its agent's own deadline.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from saga import metrics
-from saga.constants import AGENT_TURN_TASK, TURN_QUEUE, agent_key, turn_task_id
-from saga.errors import PayloadError, RunExistsError
+from saga.constants import AGENT_TURN_TASK, AGENTS_KEY, TURN_QUEUE, agent_key, turn_task_id
+from saga.errors import PayloadError, RunExistsError, UnknownAgentError
 from saga.stack import RunStore
-from saga.validation import check_deadline, check_run_id
+from saga.validation import check_agent_name, check_deadline, check_run_id, check_text
+
+if TYPE_CHECKING:
+    from saga.agents.agent import Agent
 
 
 def enqueue_run(
@@ -28,8 +37,10 @@ def enqueue_run(
     The same ``run_id`` again is not an error: the run exists, so nothing is created, and
     turn 1 is sent again only if it has no answer yet (the first call may have died before
     sending it; a second message of a turn only replays it)."""
+    check_agent_name(agent)
     if not isinstance(input, str):
         raise PayloadError("the input of a hosted run is the user's message, a string")
+    check_text("input", input, max_length=max_input_bytes)
     if len(input.encode()) > max_input_bytes:
         raise PayloadError(f"the input is over the limit of {max_input_bytes} bytes")
     run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
@@ -63,3 +74,39 @@ def send_turn(app: Any, run_id: str, turn: int, task: str = AGENT_TURN_TASK) -> 
         argsrepr="()",
         kwargsrepr=f"{{'run_id': {run_id!r}, 'turn': {turn!r}}}",
     )
+
+
+def publish_agents(store: RunStore, agents: Iterable[Agent]) -> None:
+    """Say which agents this worker hosts, and on which deadline (None: the app's default).
+    Entries are added or updated, never removed: a worker of another deploy may still run an
+    agent this one no longer declares."""
+    entries = {
+        agent.name: json.dumps(
+            {
+                "deadline": agent.deadline,
+                "tools": list(agent.tool_names),
+                "approval": sorted(agent.approval),
+            }
+        )
+        for agent in agents
+    }
+    if entries:
+        with store.client.pipeline(transaction=True) as pipe:
+            for name, entry in entries.items():
+                pipe.hset(AGENTS_KEY, name, entry)
+            pipe.execute()
+
+
+def published_agent(store: RunStore, name: str) -> dict[str, Any] | None:
+    """What the workers published of agent ``name``; ``UnknownAgentError`` when workers have
+    published agents and none of them is ``name``; None when none has published any (the
+    client cannot know, and the turn worker decides)."""
+    entry = store.client.hget(AGENTS_KEY, name)
+    if entry is not None:
+        found: dict[str, Any] = json.loads(entry)
+        return found
+    known = [str(name) for name in store.client.hkeys(AGENTS_KEY)]
+    if known:
+        hosted = ", ".join(sorted(known))
+        raise UnknownAgentError(f"no worker hosts an agent {name!r}; the workers host: {hosted}")
+    return None

@@ -7,6 +7,7 @@ because a hosted agent loop hands the conversation from one Celery task to the n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -140,6 +141,28 @@ class ModelTurn:
         provider says about why it stopped.
         """
         return not self.calls
+
+    def with_usable_call_ids(self, turn: int) -> ModelTurn:
+        """This answer with every call answerable: a call without an id, or with the id of an
+        earlier call of the same answer (some OpenAI-compatible servers send either), gets
+        ``saga_<turn>_<i>``, so each result pairs with exactly one call. Such an answer is no
+        longer replayed verbatim (the provider's own text carries the bad ids): the next
+        request rebuilds it from the normalised calls, with the ids given here."""
+        taken = {call.id for call in self.calls}
+        seen: set[str] = set()
+        calls = []
+        for i, call in enumerate(self.calls):
+            if not call.id or call.id in seen:
+                given = f"saga_{turn}_{i}"
+                while given in taken:
+                    given += "_"
+                taken.add(given)
+                call = dataclasses.replace(call, id=given)
+            seen.add(call.id)
+            calls.append(call)
+        if all(a.id == b.id for a, b in zip(calls, self.calls, strict=True)):
+            return self
+        return dataclasses.replace(self, calls=tuple(calls), format=None)
 
     @property
     def truncated(self) -> bool:

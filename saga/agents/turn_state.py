@@ -20,9 +20,9 @@ from typing import Any
 from saga import payload
 from saga.agents.messages import ModelTurn, ToolCall, ToolResult, Usage
 from saga.agents.transcript import Transcript
-from saga.constants import agent_key, call_marker, turn_lease_key
+from saga.constants import agent_key, call_marker
 from saga.errors import PayloadError
-from saga.model import StepState
+from saga.model import RunState, StepState
 from saga.picture import RunPicture, StepRecord
 from saga.stack import RunStore
 
@@ -49,6 +49,8 @@ class LoopState:
     usage: Usage = field(default_factory=Usage)
     size: int = 0
     ended: str = ""
+    #: What the end asked for ("finish" or "unwind"), carried out by whoever finds it undone.
+    end: str = ""
     revived: int = 0
 
     @classmethod
@@ -94,6 +96,7 @@ class LoopState:
             usage=Usage(int(fields.get("tokens_in") or 0), int(fields.get("tokens_out") or 0)),
             size=int(fields.get("bytes") or 0),
             ended=fields.get("ended", ""),
+            end=fields.get("end", ""),
             revived=int(fields.get("revived") or 0),
         )
 
@@ -224,7 +227,7 @@ def document(picture: RunPicture) -> dict[str, Any] | None:
         "agent": state.agent,
         "input": state.input,
         "turns": turns,
-        "pending_approvals": state.pending_approvals() if not picture.state.ended else [],
+        "pending_approvals": state.pending_approvals() if picture.state is RunState.RUNNING else [],
         "usage": dataclasses.asdict(state.usage),
         "model_calls": state.model_calls,
         "ended": state.ended,
@@ -234,12 +237,19 @@ def document(picture: RunPicture) -> dict[str, Any] | None:
 class TurnStore:
     """Writes of the hosted loop, each first-writer-wins."""
 
-    def __init__(self, store: RunStore, max_payload_bytes: int) -> None:
+    def __init__(
+        self, store: RunStore, max_payload_bytes: int, max_transcript_bytes: int = 0
+    ) -> None:
         self.store = store
         self.client = store.client
         self.limit = max_payload_bytes
+        #: The results of one turn together may fill what is left of the transcript: each
+        #: is within ``max_payload_bytes`` already, and a turn may make several calls.
+        self.results_limit = max(max_transcript_bytes, max_payload_bytes)
 
-    def record_answer(self, run_id: str, turn: int, answer: ModelTurn) -> ModelTurn:
+    def record_answer(
+        self, run_id: str, turn: int, answer: ModelTurn, token: str = ""
+    ) -> ModelTurn:
         """Record ``answer`` unless one is recorded already; return the one recorded. An answer
         too large to keep loses its raw response first (the format rebuilds it)."""
         try:
@@ -249,51 +259,55 @@ class TurnStore:
             text = payload.dumps(slim.to_dict(), what="the model's answer", limit=self.limit)
         usage = answer.usage
         outcome = self.store.record_answer(
-            run_id, turn, text, len(answer.calls), usage.input_tokens, usage.output_tokens
+            run_id, turn, text, len(answer.calls), usage.input_tokens, usage.output_tokens, token
         )
         if outcome.status not in ("ok", "dup"):
             raise PayloadError(f"run {run_id} has no agent state ({outcome.status})")
         return ModelTurn.from_dict(json.loads(outcome.values[0]))
 
-    def ask_model(self, run_id: str, turn: int, lease_seconds: float) -> bool:
+    def ask_model(self, run_id: str, turn: int, lease_seconds: float, token: str) -> bool:
         """Take the turn's lease and count the model call (one step): only one delivery of a
         turn asks the model at a time, and a redelivery while a slow model still answers the
         first must wait for its answer, not ask again. ``record_answer`` releases it."""
-        return self.store.ask_model(run_id, turn, lease_seconds)
+        return self.store.ask_model(run_id, turn, lease_seconds, token)
 
-    def release_lease(self, run_id: str, turn: int) -> None:
+    def release_lease(self, run_id: str, turn: int, token: str) -> None:
         """For a model call that ended without an answer to record."""
-        self.client.delete(turn_lease_key(run_id, turn))
+        self.store.release_turn_lease(run_id, turn, token)
 
     def request_approval(self, run_id: str, turn: int, call: int, tool_call: ToolCall) -> None:
-        """Ask a person: the exact call, its hash, and when (Redis clock) it was asked."""
+        """Ask a person: the exact call and its hash; the script stamps when (Redis clock)."""
         request = {
             "tool": tool_call.name,
             "arguments": tool_call.arguments,
             "args_hash": args_hash(tool_call),
-            "requested_at": self.store.now(),
         }
         text = payload.dumps(request, what="an approval request", limit=self.limit)
-        self.client.hsetnx(agent_key(run_id), f"{turn}:{call}:approval", text)
+        self.store.request_approval(run_id, call_marker(turn, call), text)
 
     def record_refusal(self, run_id: str, turn: int, call: int, message: str) -> None:
-        self.client.hsetnx(agent_key(run_id), f"{turn}:{call}:refused", message[:2000])
+        self.store.record_refusal(run_id, call_marker(turn, call), message[:2000])
 
     def freeze_results(
         self, run_id: str, turn: int, results: tuple[ToolResult, ...]
     ) -> tuple[ToolResult, ...]:
         """The results turn ``turn`` returns to the model, as first recorded."""
-        text = payload.dumps([r.to_dict() for r in results], what="tool results", limit=self.limit)
+        what = f"the results of turn {turn}"
+        text = payload.dumps([r.to_dict() for r in results], what=what, limit=self.results_limit)
         stored = self.store.freeze_results(run_id, turn, text)
         return tuple(ToolResult.from_dict(r) for r in json.loads(stored))
 
-    def mark_ended(self, run_id: str, turn: int, why: str) -> None:
-        """The loop stops at ``turn``: why (first writer wins), and the turn is done with."""
+    def mark_ended(self, run_id: str, turn: int, why: str, end: str) -> tuple[str, str]:
+        """The loop stops at ``turn``: why and what to do (``finish`` or ``unwind``), first
+        writer wins, and the turn is done with. Returns the end recorded (why, what)."""
         key = agent_key(run_id)
         with self.client.pipeline(transaction=True) as pipe:
             pipe.hsetnx(key, "ended", why)
+            pipe.hsetnx(key, "end", end)
             pipe.hsetnx(key, f"{turn}:advanced", why)
-            pipe.execute()
+            pipe.hmget(key, ["ended", "end"])
+            recorded = pipe.execute()[-1]
+        return str(recorded[0] or why), str(recorded[1] or end)
 
     def count_revival(self, run_id: str) -> int:
-        return int(self.client.hincrby(agent_key(run_id), "revived", 1))
+        return self.store.count_revival(run_id)

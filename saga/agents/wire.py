@@ -62,6 +62,11 @@ def check_object(value: Any) -> tuple[dict[str, Any], str | None]:
     return {}, f"arguments must be a JSON object, got {json.dumps(value)}"
 
 
+def text_of(value: Any) -> str:
+    """An id or a name as the provider sent it: a JSON null (or nothing) is '', never 'None'."""
+    return "" if value is None else str(value)
+
+
 def usage_count(usage: Mapping[str, Any], key: str) -> int:
     """One token count from a usage object; a missing or null count is zero."""
     value = usage.get(key)

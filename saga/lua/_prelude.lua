@@ -36,6 +36,12 @@ local function bump()
   redis.call('HSET', RUN, 'updated', NOW_S)
 end
 
+-- The hosted loop moved a running run on (an answer, a refusal, a request for approval, a
+-- turn done): progress, so the reaper neither takes it for idle nor acts on a stale reading.
+local function progress()
+  if redis.call('HGET', RUN, 'state') == 'running' then bump() end
+end
+
 -- A lease is held while its claim is set and its time has not run out.
 local function leased(hash, n)
   local lease = redis.call('HMGET', hash, n .. ':claim', n .. ':lease')
@@ -98,6 +104,7 @@ local function advance_turn(turn)
     end
   end
   redis.call('HSET', AGENT, turn .. ':advanced', 'next')
+  bump()
   return tonumber(turn)
 end
 

@@ -3,7 +3,8 @@
 -- since (an effect landed late) keeps them until its new record is written.
 local run = redis.call('HMGET', RUN, 'state', 'version')
 if not run[1] then return {'unknown'} end
-if run[1] ~= 'completed' and run[1] ~= 'compensated' and run[1] ~= 'escalated' then
+local ended = {completed = true, compensated = true, escalated = true, failed_to_start = true}
+if not ended[run[1]] then
   return {'moved', run[1]}
 end
 if run[2] ~= ARGV[1] then return {'moved', run[1]} end

@@ -1,11 +1,11 @@
--- ARGV: turn, answer_json, input_tokens, output_tokens, calls (how many the answer makes).
--- KEYS[7]: the turn's lease, released.
+-- ARGV: turn, answer_json, input_tokens, output_tokens, calls (how many the answer makes),
+-- token. KEYS[7]: the turn's lease, released if ``token`` still holds it.
 -- The hosted loop records the model's answer for a turn: the first writer wins, and a repeat
 -- (a redelivered turn, or a duplicate that raced it) gets the recorded answer back instead of
 -- acting on its own. Usage is counted once, by the winner. The answer is progress: the
 -- reaper must not take a run whose model is thinking for an abandoned one.
 local field = ARGV[1] .. ':answer'
-redis.call('DEL', KEYS[7])
+if redis.call('GET', KEYS[7]) == ARGV[6] then redis.call('DEL', KEYS[7]) end
 local had = redis.call('HGET', AGENT, field)
 if had then return {'dup', had} end
 if redis.call('EXISTS', AGENT) == 0 then return {'unknown'} end
@@ -13,5 +13,5 @@ redis.call('HSET', AGENT, field, ARGV[2], ARGV[1] .. ':calls', ARGV[5], 'turn', 
 redis.call('HINCRBY', AGENT, 'tokens_in', ARGV[3])
 redis.call('HINCRBY', AGENT, 'tokens_out', ARGV[4])
 redis.call('HINCRBY', AGENT, 'bytes', string.len(ARGV[2]))
-if redis.call('EXISTS', RUN) == 1 then redis.call('HSET', RUN, 'updated', NOW_S) end
+progress()
 return {'ok', ARGV[2]}

@@ -310,7 +310,7 @@ class RecordStore:
         if not records:
             return
         table = cast(Table, records[0].__table__)
-        rows = [{c.name: getattr(r, c.name) for c in table.columns} for r in records]
+        rows = [{c.name: _storable(getattr(r, c.name)) for c in table.columns} for r in records]
         statement = _upsert_statement(self.engine.dialect.name, table)
         if statement is not None:
             connection.execute(statement, rows)
@@ -337,6 +337,14 @@ def _upsert_statement(dialect: str, table: Table) -> Any:
         index_elements=keys,
         set_={c.name: statement.excluded[c.name] for c in table.columns if c.name not in keys},
     )
+
+
+def _storable(value: Any) -> Any:
+    """A text column's value as every database keeps it: PostgreSQL refuses NUL in text, and
+    a record refused once is refused on every attempt, so the run would never be recorded.
+    What people type is checked where it enters (``saga.validation``); this is for what
+    tools and models wrote (an error message, a reason built from one)."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
 
 
 def _now() -> datetime:

@@ -14,7 +14,9 @@ from typing import Any
 
 import redis
 
+from saga import RetryPolicy
 from saga.agents import ChatModelPolicy, Limits, ModelTurn, OnFailure, ScriptedPolicy, ToolCall
+from saga.errors import ModelCallError
 from tasks.agents import CREDIT, GET_ORDER, REFUND_SCRIPT, REPLY, TICKET_STATUS
 from tasks.app import app, saga
 from tests.unit.agents.helpers import body, exchange, http_module, sdk
@@ -288,3 +290,49 @@ saga.agent(
     tools=WRITES,
     approval=["send_reply"],
 )
+saga.agent(
+    "asks_again",  # five requests nobody answers, each expiring and fed back, then done
+    ScriptedPolicy([*[[REPLY]] * 5, "Nobody approved; I gave up."]),
+    tools=WRITES,
+    approval=["send_reply"],
+    limits=Limits(max_consecutive_refusals=10),
+)
+saga.agent(
+    "patient",  # runs on its own deadline: a web app's runs of it must too
+    ScriptedPolicy(["Nothing to do."]),
+    tools=WRITES,
+    deadline=7,
+)
+
+#: Three status changes in one answer, each a third of the payload limit: every result fits
+#: on its own, but a result also reports the status before it, so together they exceed it.
+_BIG = saga.settings.max_payload_bytes // 3 - 200
+saga.agent(
+    "big_statuses",
+    ScriptedPolicy(
+        [
+            [
+                ToolCall(f"call_big_{i}", "set_ticket_status", {"ticket_id": 9104, "status": s})
+                for i, s in enumerate(("a" * _BIG, "b" * _BIG, "c" * _BIG))
+            ],
+            lambda results: f"Saw {len(results)} results.",
+        ]
+    ),
+    tools=WRITES,
+)
+
+
+def _flaky_model(transcript: Any, tools: Any) -> ModelTurn:
+    """Answers with a 429 the first time it is asked for a run, then finishes."""
+    run = re.search(r"[0-9a-f]{32}", transcript.entries[0].text)
+    assert run is not None, "the input names the run"
+    client = redis.Redis.from_url(os.environ["SAGA_REDIS_URL"], decode_responses=True)
+    with client:
+        asked = client.incr(f"flaky-model:{run.group(0)}")
+        client.expire(f"flaky-model:{run.group(0)}", 300)
+    if asked == 1:
+        raise ModelCallError("429 Too Many Requests", retryable=True, retry_after=0.2, status=429)
+    return ModelTurn(text="Done after one 429.")
+
+
+saga.agent("flaky", _flaky_model, tools=WRITES, model_retry=RetryPolicy(attempts=2, backoff=0.2))

@@ -12,8 +12,17 @@ from typing import Any
 
 import pytest
 
+from saga.agents import launch
 from saga.client import Client, RunStatus
-from saga.errors import ApprovalError, RunEndedError, SagaError, UnknownRunError
+from saga.constants import turn_lease_key
+from saga.errors import (
+    ApprovalError,
+    InvalidRunOptionError,
+    RunEndedError,
+    SagaError,
+    UnknownAgentError,
+    UnknownRunError,
+)
 from saga.testing import WorkerProcess
 from tasks import systems
 from tests.integration.helpers import wait_until
@@ -34,7 +43,7 @@ def ended(client: Client, run_id: str, timeout: float = 30.0) -> RunStatus:
     def done() -> RunStatus | None:
         status = client.get_run(run_id)
         recorded = client.store.head(run_id)
-        ok = status.state in ("completed", "compensated", "escalated")
+        ok = status.state in ("completed", "compensated", "escalated", "failed_to_start")
         return status if ok and recorded is not None and recorded.recorded else None
 
     found: RunStatus = wait_until(done, timeout, f"run {run_id} to end")
@@ -177,11 +186,69 @@ def test_a_web_app_can_abort_a_run_while_its_model_thinks(client: Client) -> Non
         client.get_run(uuid.uuid4().hex)
 
 
-def test_an_agent_no_worker_knows_ends_the_run(client: Client) -> None:
-    """A typo in the web app's agent name ends its run at turn 1, saying why."""
-    status = ended(client, client.enqueue_run("no_such_agent", "Hello."))
+def test_an_agent_no_worker_hosts_is_refused_where_it_enters(client: Client) -> None:
+    """The workers publish the agents they host: a typo is refused by the web app's call,
+    and nothing is created."""
+    run_id = uuid.uuid4().hex
+    with pytest.raises(UnknownAgentError, match="no worker hosts an agent 'no_such_agent'"):
+        client.enqueue_run("no_such_agent", "Hello.", run_id=run_id)
+    with pytest.raises(UnknownRunError):
+        client.get_run(run_id)
 
-    assert status.state == "compensated" and "no agent 'no_such_agent'" in status.ended
+
+def test_a_run_of_an_agent_its_turn_worker_does_not_host_fails_to_start(client: Client) -> None:
+    """Past the client's check (no agents published yet, or a deploy that dropped it), the
+    turn worker ends the run failed_to_start: nothing ran, so it is no compensation."""
+    run_id = launch.enqueue_run(client.store, client.app, "no_such_agent", "Hello.")
+    status = ended(client, run_id)
+
+    assert status.state == "failed_to_start" and status.steps == []
+    assert "failed to start: no agent 'no_such_agent' is declared" in status.reason
+    assert status.ended == status.reason
+
+
+def test_a_web_app_starts_runs_on_their_agents_deadline(client: Client, saga: Any) -> None:
+    """client.enqueue_run takes the deadline the workers published for the agent (not
+    SAGA_RUN_DEADLINE), unless the caller gives one."""
+    own = client.enqueue_run("patient", "Hello.")
+    given = client.enqueue_run("patient", "Hello.", deadline=30)
+
+    assert (client.store.head(own) or pytest.fail()).deadline == 7
+    assert (client.store.head(given) or pytest.fail()).deadline == 30
+    assert ended(client, own).state == "completed"
+
+
+@pytest.mark.parametrize("deadline", [0, False, -1, float("nan"), float("inf"), "60"])
+def test_a_deadline_that_is_no_positive_number_is_refused(client: Client, deadline: Any) -> None:
+    """0 or False are not "the default": they are refused, and no run is created."""
+    run_id = uuid.uuid4().hex
+    with pytest.raises(InvalidRunOptionError, match="deadline"):
+        client.enqueue_run("refund", "Hello.", run_id=run_id, deadline=deadline)
+    with pytest.raises(UnknownRunError):
+        client.get_run(run_id)
+
+
+def test_results_each_within_the_limit_reach_the_model_together(client: Client) -> None:
+    """Three results, each within the payload limit and over it together, are shown to the
+    model (they are held to the transcript's limit), not a crash on every delivery."""
+    status = ended(client, client.enqueue_run("big_statuses", "Make the statuses long."))
+
+    assert status.state == "completed" and status.final_text == "Saw 3 results."
+    assert [s["state"] for s in status.steps] == ["succeeded"] * 3
+
+
+def test_waiting_for_another_askers_lease_spends_no_model_retry(client: Client) -> None:
+    """A turn that waited on another delivery's lease still has its model retries: one 429
+    afterwards is retried (the agent allows two attempts in all)."""
+    run_id = uuid.uuid4().hex
+    lease = turn_lease_key(run_id, 1)
+    client.store.client.set(lease, "another-delivery", px=5000)  # held for ~3 lease waits
+    client.enqueue_run("flaky", f"Finish run {run_id}.", run_id=run_id)
+
+    status = ended(client, run_id, timeout=40)
+
+    assert status.state == "completed" and status.final_text == "Done after one 429."
+    assert status.model_calls == 2
 
 
 # -- real formats: the SDK clients over a fake provider -----------------------------------------
@@ -330,4 +397,30 @@ def test_a_pending_approval_expires_with_the_run_deadline(client: Client, saga: 
     status = ended(client, run_id)
 
     assert status.final_text == "Not sent: nobody approved send_reply in time; the request expired"
+    assert systems.outbox() == []
+
+
+def test_unanswered_approvals_expire_without_spending_the_runs_revivals(
+    client: Client, saga: Any
+) -> None:
+    """Five requests nobody answers: each expires at the run's deadline and is fed back
+    (the reaper moves the run on without counting a revival); the run then completes."""
+    run_id = client.enqueue_run("asks_again", "Tell Ada.", deadline=1)
+
+    for expired in range(1, 6):
+        awaiting(client, run_id)
+        time.sleep(1.05)
+        report = saga.reap(now=saga.store.now() + 2)
+        assert run_id in report.resumed and run_id not in report.abandoned
+        wait_until(
+            lambda n=expired: (
+                client.get_run(run_id).state != "running" or len(client.get_run(run_id).turns) > n
+            ),
+            20,
+            f"turn {expired + 1}",
+        )
+    status = ended(client, run_id)
+
+    assert status.state == "completed" and status.final_text == "Nobody approved; I gave up."
+    assert [r["is_error"] for t in status.turns[:5] for r in t["results"]] == [True] * 5
     assert systems.outbox() == []

@@ -60,10 +60,12 @@ EXPORTED = [
     "InvalidCorrectionError",
     "InvalidRunIdError",
     "InvalidRunOptionError",
+    "InvalidTextError",
     "NonRetryableToolError",
     "NothingToRequeueError",
     "OperationRefusedError",
     "PayloadError",
+    "RunContendedError",
     "RunEndedError",
     "RunExistsError",
     "SagaError",
@@ -122,7 +124,7 @@ def test_errors_module_is_found() -> None:
     names = {cls.__name__ for cls in ERROR_CLASSES}
     exported_errors = {n for n in EXPORTED if n.endswith("Error")}
     assert exported_errors <= names
-    assert len(exported_errors) == 31
+    assert len(exported_errors) == 33
 
 
 @pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)

@@ -9,7 +9,7 @@ from typing import Any
 
 from saga.agents.formats.base import WireFormat
 from saga.agents.messages import ModelFormat, ModelTurn, ToolCall, ToolResult, Usage
-from saga.agents.wire import as_object, check_object, usage_count
+from saga.agents.wire import as_object, check_object, text_of, usage_count
 
 
 class AnthropicMessages(WireFormat):
@@ -76,7 +76,7 @@ class AnthropicMessages(WireFormat):
 
 def _call(block: dict[str, Any]) -> ToolCall:
     arguments, error = check_object(block.get("input", {}))
-    return ToolCall(str(block.get("id", "")), str(block.get("name", "")), arguments, block, error)
+    return ToolCall(text_of(block.get("id")), text_of(block.get("name")), arguments, block, error)
 
 
 def _merge_roles(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

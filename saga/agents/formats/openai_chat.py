@@ -10,7 +10,7 @@ from typing import Any
 
 from saga.agents.formats.base import WireFormat
 from saga.agents.messages import ModelFormat, ModelTurn, ToolCall, ToolResult, Usage
-from saga.agents.wire import as_json, as_object, parse_arguments, usage_count
+from saga.agents.wire import as_json, as_object, parse_arguments, text_of, usage_count
 
 
 class OpenAIChat(WireFormat):
@@ -84,11 +84,11 @@ def _call(item: Any) -> ToolCall:
     if kind != "function":  # e.g. a custom (free-text) tool: saga offers none
         spec = item.get(kind) or {}
         error = f"unsupported tool call type {kind!r}"
-        return ToolCall(str(item.get("id", "")), str(spec.get("name", "")), raw=item, error=error)
+        return ToolCall(text_of(item.get("id")), text_of(spec.get("name")), raw=item, error=error)
     function = item.get("function") or {}
     arguments, problem = parse_arguments(function.get("arguments"))
-    name = str(function.get("name", ""))
-    return ToolCall(str(item.get("id", "")), name, arguments, item, problem)
+    name = text_of(function.get("name"))
+    return ToolCall(text_of(item.get("id")), name, arguments, item, problem)
 
 
 def _text(message: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 from saga.agents.formats.base import WireFormat
 from saga.agents.messages import ModelFormat, ModelTurn, ToolCall, ToolResult, Usage
-from saga.agents.wire import as_object, parse_arguments, usage_count
+from saga.agents.wire import as_object, parse_arguments, text_of, usage_count
 
 
 class OpenAIResponses(WireFormat):
@@ -84,7 +84,7 @@ class OpenAIResponses(WireFormat):
 
 def _call(item: dict[str, Any]) -> ToolCall:
     arguments, error = parse_arguments(item.get("arguments"))
-    return ToolCall(str(item.get("call_id", "")), str(item.get("name", "")), arguments, item, error)
+    return ToolCall(text_of(item.get("call_id")), text_of(item.get("name")), arguments, item, error)
 
 
 def _text(message: dict[str, Any]) -> str:

@@ -1,0 +1,116 @@
+"""The asking lease of a hosted turn, kept alive while its model call runs.
+
+One delivery of a turn asks the model at a time: it takes the turn's lease (``ask_model.lua``,
+``SET NX PX`` with a token of its own) and releases it when it records the answer. Turns run
+on a threads pool, where Celery enforces no time limit, and a reasoning model may think for
+minutes: a lease of fixed length would run out under a call still in progress, and a second
+delivery (a repeated ``enqueue_run``, a revival, a redelivery) would ask the model again.
+
+So the lease is short and renewed: a keeper thread per process extends every lease its model
+calls hold, a third of the lease at a time, and only while the token is still the holder's.
+When the asker dies, the renewals stop with it and the lease runs out within one lease length,
+after which another delivery may ask. The one case left is Redis being unreachable for longer
+than a lease while the call runs: the keeper then cannot renew, the hold is marked lost and
+logged, and the answer still only counts if it is the first recorded (``record_answer.lua``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from saga.errors import SagaError
+from saga.stack import RunStore
+
+logger = logging.getLogger("saga.agents")
+
+#: How long a turn's asking lease lasts without renewal: how soon another delivery may ask
+#: once the asker died. Renewed every third of it while the call runs.
+TURN_LEASE_SECONDS = 60.0
+
+
+@dataclass
+class Hold:
+    """One model call's lease: its turn, its token, and whether a renewal found it gone."""
+
+    run_id: str
+    turn: int
+    seconds: float
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    lost: bool = False
+
+
+class LeaseKeeper:
+    """Renews the asking leases this process holds, from one daemon thread."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+        self._by_id: dict[int, Hold] = {}
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def holding(self, hold: Hold) -> Iterator[Hold]:
+        """Keep ``hold`` renewed for the duration of the block (the model call)."""
+        with self._changed:
+            self._by_id[id(hold)] = hold
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="saga-turn-leases", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify_all()
+        try:
+            yield hold
+        finally:
+            with self._changed:
+                self._by_id.pop(id(hold), None)
+
+    def renew_all(self) -> None:
+        """One pass: extend every lease still held by its token; mark the others lost."""
+        with self._changed:
+            holds = list(self._by_id.values())
+        for hold in holds:
+            try:
+                kept = self.store.renew_turn_lease(hold.run_id, hold.turn, hold.token, hold.seconds)
+            except SagaError as exc:  # Redis away: try again next pass, while the lease lasts
+                logger.warning(
+                    "run %s turn %d: lease not renewed (%s)", hold.run_id, hold.turn, exc
+                )
+                continue
+            if not kept and not hold.lost:
+                hold.lost = True
+                logger.error(
+                    "run %s turn %d: the asking lease ran out under a model call still running",
+                    hold.run_id,
+                    hold.turn,
+                )
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._by_id:
+                    if not self._changed.wait(timeout=60.0) and not self._by_id:
+                        self._thread = None
+                        return
+                interval = min(h.seconds for h in self._by_id.values()) / 3
+                self._changed.wait(timeout=interval)
+            self.renew_all()
+
+
+_keepers: weakref.WeakKeyDictionary[RunStore, LeaseKeeper] = weakref.WeakKeyDictionary()
+_keepers_lock = threading.Lock()
+
+
+def keeper_for(store: RunStore) -> LeaseKeeper:
+    """The one keeper of ``store``'s leases in this process."""
+    with _keepers_lock:
+        keeper = _keepers.get(store)
+        if keeper is None:
+            keeper = _keepers[store] = LeaseKeeper(store)
+        return keeper

@@ -1,0 +1,278 @@
+"""Regression tests for the hosted loop's reviewed defects, each on the interleaving that
+broke it: turns are played here, in this process, by ``run_turn`` (the turn task's body), so
+a test can stop one between two writes or run two deliveries at once; the tools run on the
+session's real worker. No turn worker consumes the turns queue in this module: the messages
+the loop sends meanwhile are dropped at teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from saga import Saga
+from saga.agents import ChatModelPolicy, ModelTurn, ScriptedPolicy, ToolCall, launch
+from saga.agents.hosted import Again, run_turn
+from saga.agents.turn_state import LoopState, TurnStore, document
+from saga.client import Client
+from saga.constants import TURN_QUEUE, agent_key, run_keys
+from saga.errors import ApprovalError
+from saga.model import RunState
+from tasks import systems
+from tasks.agents import CREDIT, REPLY
+from tests.integration.helpers import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+TOOLS = ["get_order", "issue_credit", "set_ticket_status", "send_reply"]
+
+
+class _Gate:
+    """A model that thinks until told to answer (for a call that outlasts its lease)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.answer = threading.Event()
+
+    def __call__(self, transcript: Any, tools: Any) -> ModelTurn:
+        self.asked += 1
+        assert self.answer.wait(30), "the test never let the model answer"
+        return ModelTurn(text="Thought long and hard.")
+
+
+class _NoIds:
+    """An OpenAI-compatible server that sends tool calls without ids (or null, or twice the
+    same id), as some do; it records every request it gets."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.chat = self
+        self.completions = self
+
+    def create(self, **request: Any) -> dict[str, Any]:
+        self.requests.append(request)
+        if len(self.requests) > 1:
+            message = {"role": "assistant", "content": "Credited $2,500."}
+            return {"choices": [{"message": message, "finish_reason": "stop"}], "usage": {}}
+        order = json.dumps({"order_id": 4921})
+        credit = json.dumps(CREDIT[1])
+        calls = [
+            {"type": "function", "function": {"name": "get_order", "arguments": order}},
+            {
+                "id": None,
+                "type": "function",
+                "function": {"name": "issue_credit", "arguments": credit},
+            },
+            {"id": "c", "type": "function", "function": {"name": "get_order", "arguments": order}},
+            {"id": "c", "type": "function", "function": {"name": "get_order", "arguments": order}},
+        ]
+        message = {"role": "assistant", "content": None, "tool_calls": calls}
+        return {"choices": [{"message": message, "finish_reason": "tool_calls"}], "usage": {}}
+
+
+GATE = _Gate()
+NO_IDS = _NoIds()
+
+
+@pytest.fixture(scope="module")
+def hosted(demo_app: Any, worker: Any) -> Iterator[Saga]:
+    """The session's saga with this module's agents (played only here, never by a worker)."""
+    saga: Saga = demo_app.saga
+    agents = {
+        "review_credit_then_done": (ScriptedPolicy([[CREDIT], "Credited."]), {}),
+        "review_thinker": (GATE, {}),
+        "review_no_ids": (ChatModelPolicy(NO_IDS, "any-model", "openai_chat"), {}),
+        "review_approver": (ScriptedPolicy([[REPLY], "Done."]), {"approval": ["send_reply"]}),
+    }
+    for name, (policy, options) in agents.items():
+        saga.agent(name, policy, tools=TOOLS, **options)
+    yield saga
+    saga.store.client.delete(TURN_QUEUE)  # the turns the loop sent meanwhile: nobody plays them
+
+
+@pytest.fixture
+def world(hosted: Saga) -> Iterator[Saga]:
+    systems.reset()
+    yield hosted
+    systems.clear_switches()
+
+
+class _Unsent:
+    """Stands for the broker: a run created here gets no turn message (the test plays it)."""
+
+    def send_task(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def start(saga: Saga, agent: str, deadline: float = 900) -> str:
+    return launch.enqueue_run(
+        saga.store, _Unsent(), agent, "Order 4921 arrived late.", None, deadline
+    )
+
+
+def settled(saga: Saga, run_id: str) -> None:
+    wait_until(
+        lambda: not saga.picture(run_id).in_flight and saga.picture(run_id).steps,
+        20,
+        "the turn's steps to settle",
+    )
+
+
+class _ProcessDeath(BaseException):
+    """Stands for SIGKILL of the turn worker: nothing after this point runs."""
+
+
+@pytest.mark.parametrize("recovered_by", ["redelivery", "reaper"])
+def test_a_final_answer_recorded_before_a_crash_completes_the_run(
+    world: Saga, monkeypatch: pytest.MonkeyPatch, recovered_by: str
+) -> None:
+    """The worker dies between recording the loop's end and completing the run: the turn's
+    redelivery, or else the reaper past the deadline, completes it. Nothing is unwound."""
+    run_id = start(world, "review_credit_then_done")
+    assert run_turn(world, run_id, 1) is None
+    settled(world, run_id)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(world, "complete", lambda run_id: (_ for _ in ()).throw(_ProcessDeath()))
+        with pytest.raises(_ProcessDeath):
+            run_turn(world, run_id, 2)
+    assert world.picture(run_id).state is RunState.RUNNING
+    if recovered_by == "redelivery":
+        assert run_turn(world, run_id, 2) is None
+    else:
+        report = world.reap(now=world.store.now() + world.picture(run_id).deadline + 5)
+        assert run_id in report.resumed and run_id not in report.abandoned
+
+    picture = world.picture(run_id)
+    assert picture.state is RunState.COMPLETED and picture.agent["ended"] == "final answer"
+    assert [e["kind"] for e in systems.ledger()] == ["credit"]
+
+
+def test_a_model_call_longer_than_its_lease_is_asked_once(
+    world: Saga, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The asker's lease (here 0.6 s) is renewed while its model thinks (3 s): a second
+    delivery meanwhile waits for the answer, spending no model attempt, then replays it."""
+    monkeypatch.setattr(Saga, "lease_seconds", property(lambda self: 0.6))
+    GATE.asked, GATE.answer = 0, threading.Event()
+    run_id = start(world, "review_thinker")
+    first = threading.Thread(target=run_turn, args=(world, run_id, 1), daemon=True)
+    first.start()
+    wait_until(lambda: GATE.asked == 1, 10, "the model to be asked")
+
+    time.sleep(3.0)  # five lease lengths
+    second = run_turn(world, run_id, 1)
+    GATE.answer.set()
+    first.join(10)
+
+    assert second == Again(2.0, model_attempt=False)
+    assert run_turn(world, run_id, 1) is None  # the redelivery after its wait: a replay
+    assert GATE.asked == 1
+    state = LoopState.parse(world.picture(run_id).agent)
+    assert state is not None and state.asked == {1: 1} and state.model_calls == 1
+    assert world.picture(run_id).state is RunState.COMPLETED
+
+
+def test_the_lease_of_an_asker_that_died_runs_out_and_the_turn_is_asked_again(
+    world: Saga, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nobody renews a dead asker's lease: once it ran out, the next delivery asks."""
+    monkeypatch.setattr(Saga, "lease_seconds", property(lambda self: 0.3))
+    run_id = start(world, "review_credit_then_done")
+    assert world.store.ask_model(run_id, 1, 0.3, "a-delivery-that-died")
+
+    assert run_turn(world, run_id, 1) == Again(2.0, model_attempt=False)
+    time.sleep(0.4)
+    assert run_turn(world, run_id, 1) is None
+
+    state = LoopState.parse(world.picture(run_id).agent)
+    assert state is not None and state.asked == {1: 2} and 1 in state.answers
+    settled(world, run_id)
+
+
+def test_tool_calls_without_ids_are_given_ids_and_answered(world: Saga) -> None:
+    """Calls with no id, a null id or the same id twice are given ids of their own: each
+    runs once, each result pairs with its call, and the run is not unwound."""
+    NO_IDS.requests.clear()
+    run_id = start(world, "review_no_ids")
+    assert run_turn(world, run_id, 1) is None
+    settled(world, run_id)
+    assert run_turn(world, run_id, 2) is None
+
+    picture = world.picture(run_id)
+    assert picture.state is RunState.COMPLETED
+    assert [s.tool for s in picture.steps] == [
+        "get_order",
+        "issue_credit",
+        "get_order",
+        "get_order",
+    ]
+    messages = NO_IDS.requests[1]["messages"]
+    asked = [c["id"] for c in messages[1]["tool_calls"]]
+    answered = [m["tool_call_id"] for m in messages[2:]]
+    assert asked == ["saga_1_0", "saga_1_1", "c", "saga_1_3"] == answered
+
+
+def test_an_approval_either_lands_before_its_expiry_or_is_refused_as_expired(
+    world: Saga,
+) -> None:
+    """Expiry and a person's decision are judged on one clock, atomically: an "ok" taken
+    stands; an expired request refuses the "ok"."""
+    turns = TurnStore(world.store, world.settings.max_payload_bytes)
+    call = ToolCall("call_0", REPLY[0], REPLY[1])
+    for decided_first in (True, False):
+        run_id = start(world, "review_approver", deadline=0.5)
+        turns.request_approval(run_id, 1, 0, call)
+        state = LoopState.parse(world.picture(run_id).agent)
+        assert state is not None
+        digest = state.approvals[(1, 0)]["args_hash"]
+        if decided_first:
+            world.store.decide_approval(run_id, "1:0", "approved", "ops", "", digest)
+        time.sleep(0.6)
+        judged = world.store.expire_approval(run_id, "1:0", "expired")
+        if decided_first:
+            assert judged.status == "decided"
+        else:
+            assert judged.status == "expired"
+            outcome = world.store.decide_approval(run_id, "1:0", "approved", "ops", "", digest)
+            assert outcome.status == "expired"
+        world.abort(run_id, "done with it")
+
+
+def test_refusals_requests_and_advances_are_progress(world: Saga) -> None:
+    """A turn that only refuses a call or asks a person moves the run's clock, so the
+    reaper does not take a busy run for an idle one."""
+    turns = TurnStore(world.store, world.settings.max_payload_bytes)
+    run_id = start(world, "review_approver")
+    updated = [world.picture(run_id).updated]
+    turns.record_refusal(run_id, 1, 1, "unknown tool")
+    updated.append(world.picture(run_id).updated)
+    turns.request_approval(run_id, 1, 0, ToolCall("call_0", REPLY[0], REPLY[1]))
+    updated.append(world.picture(run_id).updated)
+
+    assert updated == sorted(set(updated))
+    world.abort(run_id, "done with it")
+
+
+def test_a_failing_run_lists_no_pending_approvals(world: Saga) -> None:
+    """Once the run unwinds, nobody can approve its calls: none is listed as pending."""
+    run_id = start(world, "review_approver")
+    assert run_turn(world, run_id, 1) is None
+    picture = world.picture(run_id)
+    assert [a["id"] for a in (document(picture) or {})["pending_approvals"]] == ["1:0"]
+
+    world.store.client.hset(run_keys(run_id)[2], "99", "1")  # a step in flight: no unwind yet
+    world.store.abort(run_id, "aborted: by a test")
+    picture = world.picture(run_id)
+    assert picture.state is RunState.UNWINDING
+    assert (document(picture) or {})["pending_approvals"] == []
+    client = Client(redis_url=world.settings.redis_url, settings=world.settings)
+    with pytest.raises(ApprovalError, match="no longer running"):
+        client.approve(run_id, "1:0", args_hash="0" * 64, by="ops")
+    client.store.client.close()
+    world.store.client.delete(*run_keys(run_id), agent_key(run_id))
