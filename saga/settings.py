@@ -6,6 +6,7 @@ Read once from the environment (``SAGA_*``); pass a ``Settings`` explicitly to o
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Self
 
@@ -13,6 +14,20 @@ from saga.notifications.settings import NotifySettings
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_DATABASE_URL = "sqlite:///saga.db"
+
+
+#: ``scheme://userinfo@`` up to the last ``@``: a password may hold ``/``, ``:`` or ``@``.
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>.*)@")
+
+
+def masked(url: str) -> str:
+    """``url`` fit to print or log: its password (whatever it holds) replaced by ``***``."""
+    match = _USERINFO.match(url)
+    if match is None:
+        return url
+    user, colon, _ = match["userinfo"].partition(":")
+    shown = f"{user}:***" if colon else "***"
+    return f"{match['scheme']}{shown}@{url[match.end() :]}"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -72,6 +87,14 @@ class Settings:
     redis_options: dict[str, object] = field(default_factory=dict)
     #: Who is told of escalations besides the ERROR log (``SAGA_NOTIFY_*``).
     notifications: NotifySettings = field(default_factory=NotifySettings)
+
+    def __repr__(self) -> str:
+        """Every setting, the URLs' passwords masked: a Settings is logged and shown."""
+        shown = (
+            f"{name}={masked(value)!r}" if name.endswith("_url") else f"{name}={value!r}"
+            for name, value in vars(self).items()
+        )
+        return f"Settings({', '.join(shown)})"
 
     @classmethod
     def from_env(cls) -> Self:

@@ -11,6 +11,8 @@ step outside any rule. So this launcher starts Flower with:
 - **no control**: every ``/api/`` route except the read-only ones (``READ_ONLY_API``) answers
   403, whatever Flower's version adds; ``--read_only`` is set too where Flower has it.
 - Flower's own ``/metrics`` behind the same authentication (``/healthcheck`` stays open).
+- **its configuration file screened**: ``flowerconfig.py`` (or ``--conf``) may only assign
+  other settings; one that touches authentication refuses the start.
 
 Everything else on the command line goes to Flower (``--port=5555``, ``--url_prefix=flower``:
 tornado's ``--name=value`` form).
@@ -18,6 +20,7 @@ tornado's ``--name=value`` form).
 
 from __future__ import annotations
 
+import ast
 import ipaddress
 import os
 import sys
@@ -71,6 +74,7 @@ def plan(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[s
             flower_args.append(arg)
     if not any(a.partition("=")[0] in ("-A", "--app") for a in celery_args):
         raise ConfigurationError("name the Celery app: -A tasks.app")
+    screen_config(flower_args, os.getcwd())
     for arg in flower_args:
         if _name(arg) in _FORBIDDEN_FLAGS:
             raise ConfigurationError(
@@ -130,19 +134,74 @@ def guard_routes(handlers: Sequence[Any]) -> list[Any]:
         async def get(self) -> None:
             await super().get()
 
+    def guarded_class(pattern: str, cls: Any) -> Any:
+        if pattern.startswith("/api/") and cls.__name__ not in READ_ONLY_API:
+            return Refused
+        return AuthenticatedMetrics if cls is Metrics else cls
+
     guarded: list[Any] = []
     for handler in handlers:
-        if isinstance(handler, URLSpec):
-            guarded.append(handler)  # the UI's pages: they read, and require the credentials
+        if isinstance(handler, URLSpec):  # declared with url(...): its pattern is a regex
+            cls = guarded_class(handler.regex.pattern.lstrip("^"), handler.handler_class)
+            if cls is not handler.handler_class:
+                handler = URLSpec(handler.regex.pattern, cls, handler.kwargs, handler.name)
+            guarded.append(handler)
             continue
         pattern, cls = handler[0], handler[1]
-        if pattern.startswith("/api/") and cls.__name__ not in READ_ONLY_API:
-            guarded.append((pattern, Refused))
-        elif cls is Metrics:
-            guarded.append((pattern, AuthenticatedMetrics))
-        else:
-            guarded.append(handler)
+        replaced = guarded_class(pattern, cls)
+        guarded.append(handler if replaced is cls else (pattern, replaced, *handler[2:]))
     return guarded
+
+
+#: Flower reads this file from the working directory (or ``--conf``) after the environment.
+DEFAULT_CONFIG = "flowerconfig.py"
+
+
+def screen_config(flower_args: Sequence[str], cwd: str) -> None:
+    """Flower executes its configuration file after reading the environment, so a
+    ``flowerconfig.py`` could take the password off (``basic_auth = []``) or open the API
+    (``unauthenticated_api = True``). Only plain assignments of other settings are let
+    through; anything else in it refuses the start, saying what."""
+    given = [a.partition("=")[2] for a in flower_args if _name(a) == "conf"]
+    path = os.path.join(cwd, given[-1] if given else DEFAULT_CONFIG)
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as file:
+        try:
+            tree = ast.parse(file.read(), path)
+        except SyntaxError as exc:
+            raise ConfigurationError(f"{path} is not valid Python: {exc}") from None
+    for statement in tree.body:
+        names = _assigned(statement)
+        if names is None:
+            raise ConfigurationError(
+                f"{path} line {statement.lineno}: only plain 'name = value' settings are "
+                "accepted in Flower's configuration file (it is executed)"
+            )
+        forbidden = sorted(n for n in names if n in _FORBIDDEN_FLAGS | _FORBIDDEN_IN_CONFIG)
+        if forbidden:
+            raise ConfigurationError(
+                f"{path} sets {', '.join(forbidden)}: set {BASIC_AUTH_ENV}=user:password in "
+                "the environment instead"
+            )
+
+
+#: Authentication Flower would take from its configuration file instead of basic auth.
+_FORBIDDEN_IN_CONFIG = frozenset({"auth", "auth_provider", "oauth2_key", "oauth2_secret"})
+
+
+def _assigned(statement: ast.stmt) -> list[str] | None:
+    """The names a plain assignment sets (None for any other statement)."""
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+        return []  # a docstring
+    targets: list[ast.expr] = []
+    if isinstance(statement, ast.Assign):
+        targets = list(statement.targets)
+    elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+        targets = [statement.target]
+    if not targets or not all(isinstance(t, ast.Name) for t in targets):
+        return None
+    return [t.id for t in targets if isinstance(t, ast.Name)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

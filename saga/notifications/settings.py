@@ -104,9 +104,12 @@ class NotifySettings:
             backoff_max=_number("SAGA_NOTIFY_BACKOFF_MAX", cls.backoff_max),
         )
 
-    def __repr__(self) -> str:  # never print the secret
+    def __repr__(self) -> str:
+        """Never the secret, nor the URL's path (a chat webhook's URL is itself a credential)."""
         secret = "***" if self.webhook_secret else ""
+        url = urlsplit(self.webhook_url)
+        shown = f"{url.scheme}://{url.hostname or ''}/***" if self.webhook_url else ""
         return (
-            f"NotifySettings(callable={self.callable!r}, webhook_url={self.webhook_url!r}, "
+            f"NotifySettings(callable={self.callable!r}, webhook_url={shown!r}, "
             f"webhook_secret={secret!r}, timeout={self.timeout}, attempts={self.attempts})"
         )

@@ -7,8 +7,12 @@ error: a chat webhook's URL is itself a credential.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import importlib
 import json
+import socket
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -19,6 +23,8 @@ from saga.notifications.settings import CALLABLE, WEBHOOK, NotifySettings
 from saga.notifications.signing import NOTICE_ID_HEADER, SIGNATURE_HEADER, sign
 
 ATTEMPT_HEADER = "Saga-Delivery-Attempt"
+#: How much of a webhook's answer is read (it is not used; reading it ends the exchange).
+_MOST_READ = 64 * 1024
 Sink = Callable[[NotifySettings, dict[str, Any], str, int], str]
 
 
@@ -59,7 +65,53 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects())
+class _Deadline:
+    """Cuts one POST's connections once its whole time is up. urllib's ``timeout`` bounds each
+    socket operation, not the request: a receiver dripping a byte every few seconds would
+    hold the POST past the notice's lease, and the sweep would post it again meanwhile."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.passed = False
+        self._connections: list[http.client.HTTPConnection] = []
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+
+    def connection(self, base: Any) -> Any:
+        def make(*args: Any, **kwargs: Any) -> Any:
+            made = base(*args, **kwargs)
+            self._connections.append(made)
+            return made
+
+        return make
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        deadline = self
+
+        class Http(urllib.request.HTTPHandler):
+            def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+                return super().do_open(deadline.connection(http_class), req, **kwargs)
+
+        class Https(urllib.request.HTTPSHandler):
+            def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+                return super().do_open(deadline.connection(http_class), req, **kwargs)
+
+        return urllib.request.build_opener(_NoRedirects(), Http(), Https())
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def _cut(self) -> None:
+        self.passed = True
+        for connection in self._connections:
+            sock = connection.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 def post(settings: NotifySettings, body: dict[str, Any], notice_id: str, attempt: int) -> str:
@@ -76,17 +128,22 @@ def post(settings: NotifySettings, body: dict[str, Any], notice_id: str, attempt
             ATTEMPT_HEADER: str(attempt),
         },
     )
-    try:
-        with _OPENER.open(request, timeout=settings.timeout) as response:
-            return f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        raise NotificationError(f"the webhook answered HTTP {exc.code}") from None
-    except urllib.error.URLError as exc:
-        raise NotificationError(f"the webhook did not answer: {exc.reason}") from None
-    except OSError as exc:  # a reset connection, a timeout while reading
-        raise NotificationError(
-            f"the webhook did not answer: {type(exc).__name__}: {exc}"
-        ) from None
+    with _Deadline(settings.timeout) as deadline:
+        try:
+            with deadline.opener().open(request, timeout=settings.timeout) as response:
+                response.read(_MOST_READ)  # its answer, within the deadline too
+                return f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:
+            raise NotificationError(f"the webhook answered HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            if deadline.passed:
+                raise NotificationError(
+                    f"the webhook did not answer within {settings.timeout:g}s"
+                ) from None
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            raise NotificationError(
+                f"the webhook did not answer: {type(reason).__name__}: {reason}"
+            ) from None
 
 
 SINKS: dict[str, Sink] = {CALLABLE: call, WEBHOOK: post}

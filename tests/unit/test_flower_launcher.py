@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from saga.errors import ConfigurationError
@@ -63,3 +65,50 @@ def test_every_api_route_but_the_read_only_ones_is_refused() -> None:
     ):
         assert guarded[control] == "Refused"
     assert guarded["/metrics"] == "AuthenticatedMetrics"
+
+
+def test_a_control_route_declared_with_url_is_refused_too() -> None:
+    """A later Flower may declare its API with tornado's url(...): the guard reads those too."""
+    from flower.api.control import TaskRevoke
+    from flower.views.tasks import TaskView
+    from tornado.routing import URLSpec
+
+    page = URLSpec(r"/task/(.+)", TaskView, name="task")
+    guarded = guard_routes([URLSpec(r"/api/task/revoke/(.+)", TaskRevoke, name="revoke"), page])
+
+    assert [type(h) for h in guarded] == [URLSpec, URLSpec]
+    assert guarded[0].handler_class.__name__ == "Refused" and guarded[0].name == "revoke"
+    assert guarded[1] is page
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        "basic_auth = []\n",
+        "unauthenticated_api = True\n",
+        "auth = '.*@example.com'\n",
+        "exec('basic_auth = []')\n",
+        "import os\nport = 1\n",
+        "globals()['basic_auth'] = []\n",
+    ],
+)
+def test_a_flowerconfig_that_could_open_flower_refuses_the_start(
+    config: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flower executes flowerconfig.py after the environment: it is screened first."""
+    (tmp_path / "flowerconfig.py").write_text(config)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError, match=r"flowerconfig\.py"):
+        plan(["-A", "tasks.app"], {BASIC_AUTH_ENV: "ops:pw"})
+    (tmp_path / "other.py").write_text(config)
+    with pytest.raises(ConfigurationError, match=r"other\.py"):
+        plan(["-A", "tasks.app", "--conf=other.py"], {BASIC_AUTH_ENV: "ops:pw"})
+
+
+def test_a_flowerconfig_of_plain_settings_is_let_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "flowerconfig.py").write_text('"""Ours."""\nport = 5556\nurl_prefix = "flower"\n')
+    monkeypatch.chdir(tmp_path)
+    argv, _ = plan(["-A", "tasks.app"], {BASIC_AUTH_ENV: "ops:pw"})
+    assert argv == ["celery", "-A", "tasks.app", "flower"]

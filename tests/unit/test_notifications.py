@@ -1,12 +1,16 @@
-"""The notice's signature, settings and body, without a network."""
+"""The notice's signature, settings, body and HTTP post (to a server on the loopback)."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
 
-from saga.errors import ConfigurationError, SignatureError
+from saga import Settings
+from saga.errors import ConfigurationError, NotificationError, SignatureError
 from saga.notifications import (
     SCHEMA_VERSION,
     NotifySettings,
@@ -14,7 +18,7 @@ from saga.notifications import (
     sign,
     verify,
 )
-from saga.notifications.sinks import encode
+from saga.notifications.sinks import encode, post
 from saga.records import EscalationRecord
 
 SECRET = "s3cret"
@@ -126,3 +130,66 @@ def test_the_body_is_the_escalation_with_a_schema_version() -> None:
     assert body["live"][0]["why"] == "its compensation failed"
     assert "saga requeue run-1" in body["commands"]["requeue"]
     assert encode(body) == encode(dict(reversed(list(body.items()))))  # keys sorted
+
+
+def test_settings_never_print_the_webhooks_path_nor_a_urls_password() -> None:
+    """A chat webhook's URL is itself a credential; a password may hold '/', ':' or '@'."""
+    notify = NotifySettings(
+        webhook_url="https://hooks.example.com/services/T0/B0/tokenpart", webhook_secret="k"
+    )
+    assert "tokenpart" not in repr(notify) and "hooks.example.com" in repr(notify)
+    settings = Settings(
+        redis_url="redis://saga:pa/ss:w@rd@redis:6379/2",
+        database_url="postgresql+psycopg://saga:s3/cr@t@db:5432/saga",
+        notifications=notify,
+    )
+    shown = repr(settings)
+    for secret in ("pa/ss", "w@rd", "s3/cr", "tokenpart"):
+        assert secret not in shown
+    assert "redis://saga:***@redis:6379/2" in shown and "@db:5432/saga" in shown
+
+
+class _Dripper:
+    """A webhook that answers one byte at a time, each well within the socket timeout: it
+    never lets urllib's per-operation timeout fire. Says whether the client hung up on it."""
+
+    def __init__(self, interval: float, total: int) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}/hook"
+        self.interval, self.total = interval, total
+        self.cut_off = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        connection, _ = self.server.accept()
+        with connection:
+            connection.recv(65536)
+            answer = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Slow: " + b"x" * self.total
+            try:
+                for byte in answer:
+                    connection.sendall(bytes([byte]))
+                    time.sleep(self.interval)
+                connection.sendall(b"\r\n\r\n")
+            except OSError:
+                self.cut_off.set()
+                return
+            if connection.recv(1) == b"":  # the client closed its end before the answer ended
+                self.cut_off.set()
+
+    def close(self) -> None:
+        self.server.close()
+        self.thread.join(30)
+
+
+def test_a_webhook_that_drips_its_answer_is_cut_off_at_the_timeout() -> None:
+    """The timeout bounds the whole POST, not each read: a receiver dripping its answer past
+    it is cut off (and the notice's lease, the timeout plus a margin, is never outlived)."""
+    dripper = _Dripper(interval=0.2, total=40)  # about 10 s of answer, a byte every 0.2 s
+    settings = NotifySettings(webhook_url=dripper.url, webhook_secret="k", timeout=1.0)
+    try:
+        with pytest.raises(NotificationError, match=r"did not answer within 1s"):
+            post(settings, {"id": "run-1:0"}, "run-1:0:webhook", 1)
+        assert dripper.cut_off.wait(15), "the POST was not cut off"
+    finally:
+        dripper.close()
