@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import redis
 
 from saga import rules
 from saga.agents import approvals
@@ -66,10 +69,8 @@ LONGEST_MODEL_WAIT = 300.0
 MAX_REVIVALS = 3
 #: A turn whose model is being asked by another delivery comes back after this long.
 _LEASE_WAIT = 2.0
-#: A turn that met Redis away, or a run changing under its dispatch, comes back after this
-#: long (doubling), this many times; then it fails and the reaper revives it.
-_BLIP_WAIT = 1.0
-MAX_BLIPS = 8
+#: How often a turn whose run kept changing under its dispatch is played again at once.
+_CONTENDED_REPLAYS = 10
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,28 @@ def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> Again | No
     if placed is _Placed.BY_OTHERS:
         advance_if_settled(saga, run_id, turn)
     return None
+
+
+def play_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> Again | None:
+    """``run_turn``, played again (a replay: every write of a turn is first-writer-wins)
+    while the stack's Redis is away, for ``store_outage_patience`` at most, and while the run
+    keeps changing under a dispatch. Waiting here, not in a Celery retry: when Redis is away
+    the broker often is too, and a retry that cannot be published would lose the turn."""
+    patience = time.monotonic() + saga.settings.store_outage_patience
+    pause, contended = 0.1, 0
+    while True:
+        try:
+            return run_turn(saga, run_id, turn, attempt)
+        except RunContendedError:
+            contended += 1
+            if contended > _CONTENDED_REPLAYS:
+                raise
+        except (StoreUnavailableError, redis.ConnectionError, redis.TimeoutError) as exc:
+            if time.monotonic() >= patience:
+                raise  # the task fails; the reaper sends the turn again at the deadline
+            logger.warning("run %s turn %d: %s; playing it again", run_id, turn, exc)
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
 
 def _turns(saga: Saga) -> TurnStore:
@@ -431,18 +454,11 @@ def install_turn_tasks(app: Any, saga: Saga) -> None:
     options = turn_task_options(saga)
 
     @app.task(name=AGENT_TURN_TASK, **options)
-    def agent_turn(self: Any, run_id: str, turn: int, attempt: int = 1, blips: int = 0) -> None:
-        kwargs = {"run_id": run_id, "turn": turn, "attempt": attempt, "blips": blips}
-        try:
-            again = run_turn(saga, run_id, int(turn), attempt=int(attempt))
-        except (StoreUnavailableError, RunContendedError) as exc:
-            if blips >= MAX_BLIPS:
-                raise  # the reaper revives the turn at the run's deadline
-            delay = _BLIP_WAIT * 2**blips
-            logger.warning("run %s turn %s: %s; trying again in %.0fs", run_id, turn, exc, delay)
-            raise self.retry(countdown=delay, kwargs={**kwargs, "blips": blips + 1}) from exc
+    def agent_turn(self: Any, run_id: str, turn: int, attempt: int = 1) -> None:
+        again = play_turn(saga, run_id, int(turn), attempt=int(attempt))
         if again is not None:
-            kwargs["attempt"] = attempt + 1 if again.model_attempt else attempt
+            attempt = attempt + 1 if again.model_attempt else attempt
+            kwargs = {"run_id": run_id, "turn": turn, "attempt": attempt}
             raise self.retry(countdown=again.delay, kwargs=kwargs)
 
     @app.task(name=START_UNWIND_TASK, **options)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from saga.agents.turn_state import TurnStore
 from saga.client import Client, RunStatus
 from saga.constants import TURN_QUEUE, agent_key, step_idempotency_key
 from saga.model import ToolClass
-from saga.testing import WorkerProcess
+from saga.testing import RedisServer, WorkerProcess
 from tasks import systems
 from tasks.agents import CREDIT, GET_ORDER, TICKET_STATUS
 from tests.integration.helpers import wait_until
@@ -209,3 +210,36 @@ def test_a_run_that_stays_idle_is_abandoned_after_a_few_revivals(
     # Then it revives it three times, then aborts it as abandoned
     assert resumed == [True, True, True, False]
     wait_until(lambda: client.get_run(run_id).state == "compensated", 20, "the abort")
+
+
+def test_a_turn_that_finds_the_stack_redis_away_plays_on_once_it_is_back(
+    private: Callable[..., Private], tmp_path: Path
+) -> None:
+    # Given the stacks on a Redis of their own (the broker elsewhere), and a turn that pauses
+    # after its first dispatch
+    with RedisServer(directory=tmp_path / "broker") as broker:
+        broker_url = broker.url + "/0"
+        env = private(
+            redis_args=("--appendonly", "yes", "--appendfsync", "always"),
+            extra_env={"SAGA_BROKER_URL": broker_url, "SAGA_RESULT_BACKEND": broker_url},
+        )
+        env.worker(APP, concurrency=2)
+        client = Client(broker_url=broker_url, redis_url=env.url + "/0")
+        env.faults.delay("get_order", 3.0, point="between_dispatches")
+        turn_worker(env)
+        run_id = client.enqueue_run("parallel", "Refund order 4921.")
+        wait_until(lambda: client.get_run(run_id).steps, 10, "the first call")
+
+        # When the stack's Redis is away as the turn goes on dispatching
+        env.redis.kill()
+        time.sleep(4.0)
+        env.redis.start()
+
+        # Then the turn plays again once it is back: every call once, the model once a turn
+        try:
+            completed(client, run_id, 40)
+            check_once_each(client, run_id)
+        finally:
+            for worker in env.workers:
+                worker.kill()
+            client.store.client.close()
