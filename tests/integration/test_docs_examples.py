@@ -48,7 +48,7 @@ def reverse(credit_id, idempotency_key):
     return {"reversed": credit_id}
 '''
 #: Imported first by every interpreter of the examples: this repository is not installed.
-SITECUSTOMIZE = '''import sys
+SITECUSTOMIZE = """import sys
 
 
 class _NotInstalled:
@@ -58,7 +58,7 @@ class _NotInstalled:
 
 
 sys.meta_path.insert(0, _NotInstalled())
-'''
+"""
 #: The model every example talks to: credit the order, then say so.
 SCRIPT = [("issue_credit", {"order_id": 4921, "amount_cents": 250_000}), "Credited order 4921."]
 
