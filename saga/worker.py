@@ -40,7 +40,7 @@ from saga.errors import (
     StoreUnavailableError,
     ToolRejected,
 )
-from saga.guard import configuration_problems, records_schema_problems
+from saga.guard import configuration_problems, records_schema_problems, warn_stale_shapes
 from saga.model import StepContext, ToolClass
 from saga.notifications import task as notify_task
 from saga.reaper import mark_in_doubt, reconcile
@@ -99,6 +99,7 @@ def install(app: Celery, saga: Saga) -> None:
             problems = [f"the configuration could not be checked: {exc!r}"]
         if faults_enabled():
             logger.warning("FAULT INJECTION IS ENABLED (%s=1): never in production", FAULTS_ENV)
+        warn_stale_shapes(saga)  # logs what an unwind would meet; never refuses
         if problems:
             message = "saga: refusing to start the worker:\n  - " + "\n  - ".join(problems)
             logger.critical(message)
