@@ -46,6 +46,7 @@ from saga.notifications import task as notify_task
 from saga.reaper import mark_in_doubt, reconcile
 from saga.retry import RetryPolicy
 from saga.stack import REVOKE_KILLED
+from saga.telemetry import traced_tool
 from saga.testing import FAULTS_ENV, faults_enabled
 
 if TYPE_CHECKING:
@@ -212,6 +213,7 @@ def _open_escalations(saga: Saga) -> int:
 
 def _install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
     @app.task(name=tool_task_name(tool.name), **_TASK_OPTIONS)
+    @traced_tool(tool)  # timed by outcome, and a span (saga.telemetry)
     def run_tool(
         self: Task,
         run_id: str,

@@ -21,7 +21,7 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Any
 
-from saga import rules
+from saga import rules, telemetry
 from saga.agents.agent import Agent, OnFailure, OnLimit
 from saga.agents.launch import send_turn
 from saga.agents.messages import ModelTurn, ToolCall
@@ -139,7 +139,9 @@ def _ask(
         return _LEASE_WAIT
     recorded: ModelTurn | None = None  # recording the answer releases the lease
     try:
-        answer = take_turn(agent.policy, transcript_until(state, turn), agent.tools)
+        answer = telemetry.model_call(
+            run_id, turn, agent, take_turn, agent.policy, transcript_until(state, turn), agent.tools
+        )
         recorded = turns.record_answer(run_id, turn, answer)
         return recorded
     except ModelCallError as exc:
@@ -364,6 +366,7 @@ def install_turn_tasks(app: Any, saga: Saga) -> None:
     options = turn_task_options(saga)
 
     @app.task(name=AGENT_TURN_TASK, **options)
+    @telemetry.traced_turn
     def agent_turn(self: Any, run_id: str, turn: int) -> None:
         delay = run_turn(saga, run_id, int(turn), attempt=self.request.retries + 1)
         if delay is not None:

@@ -4,10 +4,10 @@ docs' examples) run the real SDKs with no key and no network.
 One handler answers OpenAI Chat Completions (``/chat/completions``), OpenAI Responses
 (``/responses``) and Anthropic Messages (``/messages``). It reaches the SDK two ways:
 
-- in this process, through the SDK's own mock transport: ``model.openai()`` /
-  ``model.anthropic()`` build a client with ``http_client=httpx.Client(transport=
+- in this process, through the SDK's own mock transport: build the client with
+  ``http_client=model.http_client()``, which is ``httpx.Client(transport=
   httpx.MockTransport(model.handle))`` (openai 3.x and anthropic 2.x are built on ``httpx2``,
-  earlier versions on ``httpx``: the one the SDK imports is used);
+  earlier versions on ``httpx``: the one installed is used);
 - from other processes (a worker running a hosted agent's turns): ``with model.serve() as
   url`` answers on a loopback port; point ``OPENAI_BASE_URL`` at ``url + "/v1"`` and
   ``ANTHROPIC_BASE_URL`` at ``url`` (``model.environ(url)``) and the SDK clients the app
@@ -35,8 +35,6 @@ except ImportError:  # pragma: no cover - depends on the installed SDK
 
 #: Placeholders the SDKs insist on; nothing checks them.
 FAKE_KEY = "sk-fake-key-for-tests"
-#: The host the in-process clients name; the mock transport answers it, nothing resolves it.
-_FAKE_HOST = "http://fake-model.invalid"
 
 
 @dataclass(frozen=True)
@@ -113,20 +111,6 @@ class FakeModel:
     def http_client(self) -> httpx.Client:
         """What to pass as the SDK client's ``http_client``."""
         return httpx.Client(transport=self.transport())
-
-    def openai(self, **options: Any) -> Any:
-        """An ``openai.OpenAI`` client answered by this model (``max_retries=0``: saga retries)."""
-        from openai import OpenAI
-
-        options = {"api_key": FAKE_KEY, "max_retries": 0, **options}
-        return OpenAI(base_url=f"{_FAKE_HOST}/v1", http_client=self.http_client(), **options)
-
-    def anthropic(self, **options: Any) -> Any:
-        """An ``anthropic.Anthropic`` client answered by this model."""
-        from anthropic import Anthropic
-
-        options = {"api_key": FAKE_KEY, "max_retries": 0, **options}
-        return Anthropic(base_url=_FAKE_HOST, http_client=self.http_client(), **options)
 
     # -- served, for other processes ---------------------------------------------------------
 
