@@ -13,7 +13,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from saga import metrics
@@ -31,18 +31,22 @@ _PROVIDERS = {"openai_chat": "openai", "openai_responses": "openai", "anthropic"
 _failed_once = False
 
 
+_celery_signals: tuple[type[BaseException], type[BaseException]] | None = None
+
+
 def _outcome(exc: BaseException | None, result: Any, kind: str) -> str:
     """The words ``saga.metrics`` counts deliveries by."""
-    from celery.exceptions import Ignore, Retry  # only ever called inside a Celery task
-
-    if isinstance(exc, Retry):
-        return "retried"
-    if isinstance(exc, Ignore):
-        return "ignored"
-    if isinstance(exc, StepInDoubtError):
-        return "in_doubt"
+    global _celery_signals
     if exc is not None:
-        return "failed"
+        if _celery_signals is None:  # only ever asked inside a Celery task
+            from celery.exceptions import Ignore, Retry
+
+            _celery_signals = (Retry, Ignore)
+        if isinstance(exc, _celery_signals[0]):
+            return "retried"
+        if isinstance(exc, _celery_signals[1]):
+            return "ignored"
+        return "in_doubt" if isinstance(exc, StepInDoubtError) else "failed"
     if kind == "turn":
         return "played"
     if kind == "compensation":
@@ -50,24 +54,19 @@ def _outcome(exc: BaseException | None, result: Any, kind: str) -> str:
     return "rejected" if isinstance(result, dict) and list(result) == ["rejected"] else "succeeded"
 
 
-@contextlib.contextmanager
-def _span(name: str, run_id: str, attributes: dict[str, Any]) -> Iterator[Any]:
-    """The span (None when tracing is off, or could not start one)."""
+def _span(name: str, run_id: str, attributes: dict[str, Any]) -> Any:
+    """The span as a context manager (yielding None when tracing is off, or failed)."""
     global _failed_once
-    found = None
     try:
         found = tracing.tracer()
-        manager = tracing.start(found, name, run_id, attributes) if found is not None else None
+        if found is not None:
+            attributes = {k: v for k, v in attributes.items() if v is not None}
+            return tracing.start(found, name, run_id, {"saga.run_id": run_id, **attributes})
     except Exception:
-        manager = None
         if not _failed_once:
             _failed_once = True
             logger.exception("saga tracing could not start a span")
-    if manager is None:
-        yield None
-        return
-    with manager as span:
-        yield span
+    return contextlib.nullcontext()
 
 
 def _finish(span: Any, outcome: str, exc: BaseException | None, **attributes: Any) -> None:
@@ -83,26 +82,25 @@ def _finish(span: Any, outcome: str, exc: BaseException | None, **attributes: An
         logger.debug("saga tracing could not finish a span", exc_info=True)
 
 
-class _Watch:
-    result: Any = None
-
-
-@contextlib.contextmanager
-def _watched(kind: str, name: str, run_id: str, attributes: dict[str, Any]) -> Iterator[_Watch]:
-    """Time and trace one delivery of a task; its outcome from what it returned or raised."""
-    watch = _Watch()
+def _deliver(
+    kind: str, name: str, run_id: str, attributes: dict[str, Any], task: Callable[[], Any]
+) -> Any:
+    """Run one delivery of a task, timed and traced; its outcome from what it returned or
+    raised. (Plain try/finally: with tracing off this is the whole cost, on every task.)"""
     began = time.perf_counter()
-    attributes = {k: v for k, v in attributes.items() if v is not None}
-    with _span(name, run_id, {"saga.run_id": run_id, **attributes}) as span:
+    with _span(name, run_id, attributes) as span:
         exc: BaseException | None = None
+        result: Any = None
         try:
-            yield watch
+            result = task()
+            return result
         except BaseException as raised:
             exc = raised
             raise
         finally:
-            outcome = _outcome(exc, watch.result, kind)
-            _finish(span, outcome, exc, **{f"saga.{kind}.outcome": outcome})
+            outcome = _outcome(exc, result, kind)
+            if span is not None:
+                _finish(span, outcome, exc, **{f"saga.{kind}.outcome": outcome})
             if kind == "turn":
                 metrics.turn(outcome)
             else:
@@ -126,11 +124,13 @@ def traced_tool(tool: Tool) -> Callable[[Callable[..., Any]], Callable[..., Any]
             unwind: str = "",
         ) -> Any:
             kind = "step" if compensates is None else "compensation"
-            attributes: dict[str, Any] = {"saga.step": step if compensates is None else compensates}
-            attributes.update({"saga.tool": tool.name, "saga.tool_class": klass})
-            with _watched(kind, f"saga.{kind} {tool.name}", run_id, attributes) as watch:
-                watch.result = task(self, run_id, step, args, compensates, unwind)
-                return watch.result
+            attributes = {
+                "saga.step": step if compensates is None else compensates,
+                "saga.tool": tool.name,
+                "saga.tool_class": klass,
+            }
+            call = functools.partial(task, self, run_id, step, args, compensates, unwind)
+            return _deliver(kind, f"saga.{kind} {tool.name}", run_id, attributes, call)
 
         return run_tool
 
@@ -145,9 +145,8 @@ def traced_turn(task: Callable[..., Any]) -> Callable[..., Any]:
     def agent_turn(self: Any, run_id: str, turn: int) -> Any:
         attempt = int(getattr(self.request, "retries", 0) or 0) + 1
         attributes = {"saga.turn": int(turn), "saga.attempt": attempt}
-        with _watched("turn", "saga.turn", run_id, attributes) as watch:
-            watch.result = task(self, run_id, turn)
-            return watch.result
+        call = functools.partial(task, self, run_id, turn)
+        return _deliver("turn", "saga.turn", run_id, attributes, call)
 
     return agent_turn
 
