@@ -125,29 +125,28 @@ def test_a_scan_past_its_cap_says_what_it_left(deploy: Deploy) -> None:
     ]
 
 
-def test_doctor_fails_on_stale_shapes_and_the_worker_warns_at_start_up(deploy: Deploy) -> None:
+def test_a_starting_worker_warns_and_doctor_fails_on_stale_shapes(deploy: Deploy) -> None:
     old_shapes(deploy)
-    env = {**os.environ, **deploy.env}
 
-    # When doctor checks the deploy
-    done = subprocess.run(
-        [SAGA, "--app", APP, "doctor", "--json"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
+    # When a worker of this deploy starts (on another queue: the old messages stay put)
+    worker = WorkerProcess(APP.partition(":")[0], env=deploy.env, cwd=ROOT, extra_args=["-Q", "x"])
+    with worker:
+        # Then it warns about each in its log, and starts
+        log = worker.log()
+        assert log.count("the deployed code does not accept") == 4, log[-3000:]
 
-    # Then its stale-shapes check fails, naming them, and it exits 1
+        # and doctor's stale-shapes check fails, naming them, and it exits 1
+        done = subprocess.run(
+            [SAGA, "--app", APP, "doctor", "--json"],
+            env={**os.environ, **deploy.env},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
     assert done.stdout, done.stderr
     check = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "stale shapes")
     assert check["status"] == "fail", check
     assert check["detail"].startswith("4 the deployed code refuses"), check
     assert done.returncode == 1, done.stderr
-
-    # and a worker of this deploy starts, warning about each in its log
-    with WorkerProcess(APP.partition(":")[0], env=deploy.env, cwd=ROOT) as worker:
-        log = worker.log()
-    assert log.count("the deployed code does not accept") == 4, log[-3000:]

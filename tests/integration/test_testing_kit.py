@@ -43,25 +43,22 @@ def test_the_example_project_passes_its_own_tests_with_only_the_plugin() -> None
     assert "7 passed" in done.stdout
 
 
-def test_a_given_redis_is_used_at_the_database_asked_for(redis_url: str, tmp_path: Path) -> None:
-    # Given a project that only asks for the session's Redis
+def test_a_given_redis_is_used_at_its_database_and_a_missing_app_is_explained(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # Given a project that asks for the Redis, and one test that wants an app it never named
     (tmp_path / "test_url.py").write_text(
         "def test_url(saga_redis_url):\n    assert saga_redis_url.endswith('/14'), saga_redis_url\n"
     )
-    # When its tests run with a Redis named in the environment
-    base = redis_url.rsplit("/", 1)[0]
-    done = pytest_in(tmp_path, "--saga-redis-db", "14", SAGA_TEST_REDIS_URL=base)
-
-    # Then that Redis's database 14 is the one handed out
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
-def test_a_project_that_names_no_app_is_told_how_to(tmp_path: Path) -> None:
     (tmp_path / "test_app.py").write_text("def test_app(saga_app):\n    pass\n")
 
-    done = pytest_in(tmp_path, SAGA_TEST_REDIS_URL="redis://127.0.0.1:1")
+    # When its tests run with a Redis named in the environment
+    base = redis_url.rsplit("/", 1)[0]
+    done = pytest_in(tmp_path, "-rA", "--saga-redis-db", "14", SAGA_TEST_REDIS_URL=base)
 
-    assert done.returncode == 1
+    # Then that Redis's database 14 is the one handed out, and the app's absence is explained
+    assert "1 passed, 1 error" in done.stdout, done.stdout + done.stderr
+    assert "PASSED test_url.py::test_url" in done.stdout
     assert "set saga_app = module:attr" in done.stdout
 
 
