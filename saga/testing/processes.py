@@ -41,7 +41,35 @@ def _stop_group(process: subprocess.Popen[bytes], timeout: float) -> None:
         pass
 
 
-class RedisServer:
+class _ProcessGroup:
+    """A subprocess started in its own session: killed as a whole, as a crash would."""
+
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> Self:
+        raise NotImplementedError
+
+    def stop(self, timeout: float = 20.0) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once (a Redis keeps its data directory)."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+            self.process = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class RedisServer(_ProcessGroup):
     """A private ``redis-server`` on a free port, for tests that kill or restart Redis."""
 
     def __init__(self, *args: str, port: int | None = None, directory: Path | None = None) -> None:
@@ -88,23 +116,8 @@ class RedisServer:
         if self._own_dir:
             shutil.rmtree(self.directory, ignore_errors=True)
 
-    def kill(self) -> None:
-        """SIGKILL, keeping the data directory (to restart on the same files)."""
-        if self.process is not None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
-            self.process = None
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-
-class WorkerProcess:
+class WorkerProcess(_ProcessGroup):
     """``celery -A APP worker`` as a subprocess in its own process group.
 
     ``stop()`` and ``kill()`` act on the whole group, so no pool child outlives a test.
@@ -178,19 +191,3 @@ class WorkerProcess:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL the worker and its pool children at once, as a crash would."""
-        if self.process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
-            self.process = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
