@@ -54,12 +54,13 @@ def test_a_charge_that_failed_after_going_through_is_charged_once(
     saga_app: Any, saga_worker: Any, saga_faults: Any
 ) -> None:
     # Given the payment system charging, then failing to answer, on every attempt
-    saga_faults.tool("charge_card").fail_after_effect(times=3)
+    rule = saga_faults.tool("charge_card").fail_after_effect(times=3)
 
     # When the card is charged
     run = checkout(saga_app)
 
     # Then the retries met the same charge, and the lookup found it after the last one
+    assert saga_faults.hits(rule) == 3
     assert list(ledger.effects("charge", run.run_id).values()) == [1]
     assert run.finish(timeout=30).state is RunState.COMPLETED
 
