@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, chain
 from sqlalchemy.exc import SQLAlchemyError
 
-from saga import metrics, payload, rules
+from saga import metrics, payload, rules, telemetry
 from saga.constants import (
     CONCLUDE_UNWIND_TASK,
     compensation_idempotency_key,
@@ -439,6 +439,7 @@ class Saga:
         self._call_hook(self.hooks.on_run_ended, picture, picture.state.value, picture.reason)
         if self.store.mark_recorded(run_id, picture.version):
             metrics.run_ended(picture.state.value)
+            telemetry.run_ended(picture)
             # Look again when the keys have expired, to drop the run from the index.
             expiry = self.store.now() + self.store.retention_seconds + _EXPIRY_MARGIN
             self.store.schedule(run_id, expiry)

@@ -36,6 +36,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _ESCALATIONS_CACHE_SECONDS = 15.0
 _DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 _DEPTH_BUCKETS = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0)
+#: A task's delivery or a model call: milliseconds to minutes.
+_TASK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 class _Metrics:
@@ -69,6 +71,37 @@ class _Metrics:
             "saga_stack_depth",
             "Undo entries on a run's stack when its unwind is sent.",
             buckets=_DEPTH_BUCKETS,
+        )
+        self.step_duration = histogram(
+            "saga_step_duration_seconds",
+            "One delivery of a step's task, start to end, by tool and outcome (as saga_steps).",
+            ["tool", "outcome"],
+            buckets=_TASK_BUCKETS,
+        )
+        self.compensation_duration = histogram(
+            "saga_compensation_duration_seconds",
+            "One delivery of a compensation's task, by tool and outcome: done, retried, failed.",
+            ["tool", "outcome"],
+            buckets=_TASK_BUCKETS,
+        )
+        self.turns = counter(
+            "saga_turns", "Hosted turn deliveries by outcome: played, retried, failed.", ["outcome"]
+        )
+        self.model_calls = counter(
+            "saga_model_calls",
+            "Model calls of hosted agents by outcome: answered, failed.",
+            ["agent", "model", "outcome"],
+        )
+        self.model_call_duration = histogram(
+            "saga_model_call_duration_seconds",
+            "One model call of a hosted agent, answered or failed.",
+            ["agent", "model"],
+            buckets=_TASK_BUCKETS,
+        )
+        self.model_tokens = counter(
+            "saga_model_tokens",
+            "Tokens of answered model calls: direction in (the prompt) or out (the answer).",
+            ["agent", "model", "direction"],
         )
 
 
@@ -119,6 +152,36 @@ def unwind_ended(state: str, seconds: float) -> None:
 
 def stack_depth(entries: int) -> None:
     _use(lambda m: m.stack_depth.observe(entries))
+
+
+def task_duration(kind: str, tool: str, outcome: str, seconds: float) -> None:
+    """One delivery of a tool's task (``kind``: step or compensation)."""
+
+    def observe(m: _Metrics) -> None:
+        histogram = m.step_duration if kind == "step" else m.compensation_duration
+        histogram.labels(tool, outcome).observe(max(0.0, seconds))
+
+    _use(observe)
+
+
+def turn(outcome: str) -> None:
+    _use(lambda m: m.turns.labels(outcome).inc())
+
+
+def model_call(agent: str, model: str, outcome: str, seconds: float) -> None:
+    def observe(m: _Metrics) -> None:
+        m.model_calls.labels(agent, model, outcome).inc()
+        m.model_call_duration.labels(agent, model).observe(max(0.0, seconds))
+
+    _use(observe)
+
+
+def tokens(agent: str, model: str, input_tokens: int, output_tokens: int) -> None:
+    def count(m: _Metrics) -> None:
+        m.model_tokens.labels(agent, model, "in").inc(max(0, input_tokens))
+        m.model_tokens.labels(agent, model, "out").inc(max(0, output_tokens))
+
+    _use(count)
 
 
 # -- serving, from a worker -------------------------------------------------------------------

@@ -46,12 +46,13 @@ from saga.errors import (
     StoreUnavailableError,
     ToolRejected,
 )
-from saga.guard import configuration_problems, records_schema_problems
+from saga.guard import configuration_problems, records_schema_problems, warn_stale_shapes
 from saga.model import StepContext, ToolClass
 from saga.notifications import task as notify_task
 from saga.reaper import mark_in_doubt, reconcile
 from saga.retry import RetryPolicy
 from saga.stack import REVOKE_KILLED
+from saga.telemetry import traced_tool
 from saga.testing import FAULTS_ENV, faults_enabled
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ def install(app: Celery, saga: Saga) -> None:
             problems = [f"the configuration could not be checked: {exc!r}"]
         if faults_enabled():
             logger.warning("FAULT INJECTION IS ENABLED (%s=1): never in production", FAULTS_ENV)
+        warn_stale_shapes(saga)  # logs what an unwind would meet; never refuses
         if problems:
             message = "saga: refusing to start the worker:\n  - " + "\n  - ".join(problems)
             logger.critical(message)
@@ -222,6 +224,7 @@ def _open_escalations(saga: Saga) -> int:
 
 def _install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
     @app.task(name=tool_task_name(tool.name), **_TASK_OPTIONS)
+    @traced_tool(tool)  # timed by outcome, and a span (saga.telemetry)
     def run_tool(
         self: Task,
         run_id: str,

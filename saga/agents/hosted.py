@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from saga import rules
+from saga import rules, telemetry
 from saga.agents import approvals
 from saga.agents.agent import Agent, OnFailure, OnLimit
 from saga.agents.launch import publish_agents, send_turn
@@ -191,7 +191,10 @@ def _ask(
     try:
         with keeper_for(saga.store).holding(hold):
             _strike(saga, "during_model_call", agent.name)
-            answer = take_turn(agent.policy, transcript_until(state, turn), agent.tools)
+            transcript = transcript_until(state, turn)
+            answer = telemetry.model_call(
+                run_id, turn, agent, take_turn, agent.policy, transcript, agent.tools
+            )
         recorded = turns.record_answer(run_id, turn, answer.with_usable_call_ids(turn), hold.token)
         return recorded
     except ModelCallError as exc:
@@ -454,6 +457,7 @@ def install_turn_tasks(app: Any, saga: Saga) -> None:
     options = turn_task_options(saga)
 
     @app.task(name=AGENT_TURN_TASK, **options)
+    @telemetry.traced_turn
     def agent_turn(self: Any, run_id: str, turn: int, attempt: int = 1) -> None:
         again = play_turn(saga, run_id, int(turn), attempt=int(attempt))
         if again is not None:

@@ -86,6 +86,9 @@ def run_checks(env: Env) -> list[Check]:
         checks.append(Check("workers", "skip", "the broker does not answer"))
     checks.append(_beat_check(env, saga) if redis_up else Check("beat", "skip", "no Redis"))
     checks.append(_guard_check(saga))
+    checks.append(
+        _stale_shapes_check(saga) if redis_up else Check("stale shapes", "skip", "no Redis")
+    )
     return checks
 
 
@@ -284,3 +287,24 @@ def _guard_check(saga: Saga | None) -> Check:
         return Check("guard", "ok", "the worker's start-up guard finds nothing")
 
     return _probe("guard", probe)
+
+
+def _stale_shapes_check(saga: Saga | None) -> Check:
+    """Undos on live runs' stacks and queued messages the deployed tools would refuse."""
+    if saga is None:
+        return Check("stale shapes", "skip", "no app to check them against (--app module:attr)")
+
+    def probe() -> Check:
+        from saga.guard import stale_shapes
+
+        scan = stale_shapes(saga)
+        left = f"; not scanned: {'; '.join(scan.not_scanned)}" if scan.not_scanned else ""
+        if scan.stale:
+            shown = "; ".join(str(s) for s in scan.stale[:10])
+            more = f"; and {len(scan.stale) - 10} more" if len(scan.stale) > 10 else ""
+            detail = f"{len(scan.stale)} the deployed code refuses: {shown}{more}{left}"
+            return Check("stale shapes", "fail", f"{detail} (docs/deploying-changes.md)")
+        read = f"{scan.runs} run(s) and {scan.messages} message(s) scanned, all accepted"
+        return Check("stale shapes", "warn" if left else "ok", read + left)
+
+    return _probe("stale shapes", probe)

@@ -1,0 +1,70 @@
+"""The shop's Celery app (``celery -A shop.app worker``): the checkout's tools, each write with
+the compensation that takes it back, and an agent that runs the checkout on the workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from openai import OpenAI
+
+from saga import RetryPolicy, Saga, StepContext, ToolClass, ToolRegistry, Undo
+from saga.agents import ChatModelPolicy
+from shop import ledger
+
+tools = ToolRegistry()
+#: Short delays: the stock and payment systems answer fast or not at all.
+QUICK = RetryPolicy(attempts=3, backoff=0.1, backoff_max=0.5)
+
+
+def release_it(args: dict[str, Any], result: dict[str, Any]) -> Undo:
+    return Undo("release_stock", {"reservation_id": result["reservation_id"]}, "release stock")
+
+
+def refund_it(args: dict[str, Any], result: dict[str, Any]) -> Undo:
+    return Undo("refund_charge", {"charge_id": result["charge_id"]}, "refund the charge")
+
+
+def look_for_charge(key: str, args: dict[str, Any]) -> dict[str, Any] | None:
+    charge_id = ledger.find_charge(key)
+    return None if charge_id is None else {"charge_id": charge_id}
+
+
+@tools.tool(ToolClass.REVERSIBLE_WRITE, compensation=release_it, retry=QUICK)
+def reserve_stock(ctx: StepContext, sku: str, quantity: int) -> dict[str, Any]:
+    """Hold ``quantity`` of ``sku`` for this order."""
+    return {"reservation_id": ledger.reserve(sku, quantity, ctx.idempotency_key)}
+
+
+@tools.compensation(retry=QUICK)
+def release_stock(reservation_id: str) -> None:
+    ledger.release(reservation_id)
+
+
+@tools.tool(
+    ToolClass.COMPENSATABLE_WRITE, compensation=refund_it, retry=QUICK, lookup=look_for_charge
+)
+def charge_card(ctx: StepContext, order_id: str, amount_cents: int) -> dict[str, Any]:
+    """Charge the customer's card for the order."""
+    return {"charge_id": ledger.charge(order_id, amount_cents, ctx.idempotency_key)}
+
+
+@tools.compensation(retry=QUICK)
+def refund_charge(charge_id: str) -> None:
+    ledger.refund(charge_id)
+
+
+@tools.tool(ToolClass.IRREVERSIBLE_WRITE, retry=QUICK)
+def send_receipt(ctx: StepContext, order_id: str, email: str) -> dict[str, Any]:
+    """Email the receipt: it cannot be taken back, so it comes last."""
+    return {"receipt_id": ledger.send_receipt(order_id, email, ctx.idempotency_key)}
+
+
+app = Celery("shop")
+app.config_from_object("saga.celery_defaults")
+saga = Saga(app, tools)
+saga.agent(
+    "checkout",
+    ChatModelPolicy(OpenAI(max_retries=0), "gpt-4o-mini", "openai_chat"),
+    tools=["reserve_stock", "charge_card", "send_receipt"],
+)
