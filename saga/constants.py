@@ -9,8 +9,12 @@ from __future__ import annotations
 
 KEY_PREFIX = "saga"
 
-#: Sorted set of runs not yet ended, for the reaper (the one key outside any run's hash tag).
+#: Sorted set of runs not yet ended, for the reaper (outside any run's hash tag).
 ACTIVE_RUNS_KEY = f"{KEY_PREFIX}:active"
+#: Sorted set of the runs whose keys are in Redis, scored by their creation time (the run
+#: hash's ``created``): what a listing pages through, newest first. ``create.lua`` adds a run,
+#: the reaper drops it with the reaper's index once its keys are gone.
+CREATED_RUNS_KEY = f"{KEY_PREFIX}:created"
 #: When the beat-scheduled reaper last finished a pass (Redis clock): ``saga doctor`` reads it
 #: to tell that beat and a worker are alive.
 REAPER_PASS_KEY = f"{KEY_PREFIX}:reaper:last-pass"

@@ -23,6 +23,7 @@ from redis.commands.core import Script
 from saga import payload
 from saga.constants import (
     ACTIVE_RUNS_KEY,
+    CREATED_RUNS_KEY,
     REAPER_PASS_KEY,
     agent_key,
     run_keys,
@@ -213,7 +214,16 @@ class RunStore:
         # Indexed first, due at its deadline: a crash between the two leaves an index entry
         # without keys, which the reaper drops once it is long overdue (never a run without one).
         self.schedule(run_id, self.now() + deadline)
-        created = self._call("create", run_id, int(allow_after_pivot), deadline, agent, input_json)
+        created = self._call(
+            "create",
+            run_id,
+            int(allow_after_pivot),
+            deadline,
+            agent,
+            input_json,
+            run_id,
+            extra=CREATED_RUNS_KEY,
+        )
         return created.status == "1"
 
     def schedule(self, run_id: str, at: float) -> None:
@@ -246,9 +256,11 @@ class RunStore:
         return float(value) if value else None
 
     def forget(self, run_id: str) -> None:
-        """Drop a run whose keys are gone from the reaper's index."""
-        with _reachable("forget"):
-            self.client.zrem(ACTIVE_RUNS_KEY, run_id)
+        """Drop a run whose keys are gone from the reaper's index and the listing's."""
+        with _reachable("forget"), self.client.pipeline(transaction=True) as pipe:
+            pipe.zrem(ACTIVE_RUNS_KEY, run_id)
+            pipe.zrem(CREATED_RUNS_KEY, run_id)
+            pipe.execute()
 
     # -- forward path ---------------------------------------------------------------------
 
