@@ -18,6 +18,9 @@ CREATED_RUNS_KEY = f"{KEY_PREFIX}:created"
 #: When the beat-scheduled reaper last finished a pass (Redis clock): ``saga doctor`` reads it
 #: to tell that beat and a worker are alive.
 REAPER_PASS_KEY = f"{KEY_PREFIX}:reaper:last-pass"
+#: A console login session (``<prefix><session id>``: the token's id and the CSRF token),
+#: expiring with the session.
+WEB_SESSION_PREFIX = f"{KEY_PREFIX}:web:session:"
 #: Fault-injection rules and their counters (saga.testing), read only when explicitly enabled.
 FAULTS_KEY = f"{KEY_PREFIX}:{{testing}}:faults"
 FAULT_COUNTS_KEY = f"{KEY_PREFIX}:{{testing}}:fault-counts"

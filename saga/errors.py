@@ -243,3 +243,7 @@ class InvalidCursorError(SagaError):
 
 class TokenError(SagaError):
     """An API token's name or scope is invalid, or no token of that name exists to revoke."""
+
+
+class NoAppError(ConfigurationError):
+    """The server has no application ``Saga`` (``SAGA_APP``), which requeue and resolve need."""

@@ -27,7 +27,16 @@ from saga.errors import TokenError
 from saga.records import RecordStore
 from saga.records.models import TOKEN_NAME_LENGTH, ApiTokenRecord
 
-__all__ = ["Scope", "TokenInfo", "check_token_name", "create", "list_tokens", "revoke", "verify"]
+__all__ = [
+    "Scope",
+    "TokenInfo",
+    "check_token_name",
+    "create",
+    "list_tokens",
+    "live",
+    "revoke",
+    "verify",
+]
 
 _PREFIX = "saga_"
 _TOKEN = re.compile(r"saga_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
@@ -118,6 +127,13 @@ def verify(records: RecordStore, token: str) -> TokenInfo | None:
         if not matches or row.revoked_at is not None:
             return None
         return _info(row)
+
+
+def live(records: RecordStore, token_id: str) -> TokenInfo | None:
+    """The token of this id if it is not revoked (a console session's check on each page)."""
+    with Session(records.engine) as session:
+        row = session.get(ApiTokenRecord, token_id)
+        return None if row is None or row.revoked_at is not None else _info(row)
 
 
 def revoke(records: RecordStore, name: str) -> int:
