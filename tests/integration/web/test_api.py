@@ -272,3 +272,28 @@ def _at_once(count: int, call: Any) -> list[Any]:
     for thread in threads:
         thread.join(timeout=60)
     return answers
+
+
+def test_saga_tokens_create_list_revoke(web: Web, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command makes a token that works at once, lists it without the secret, refuses a
+    bad name (exit 2) and revokes it (the next request is a 401)."""
+    from click.testing import CliRunner
+
+    from saga.cli.main import cli
+
+    monkeypatch.setenv("SAGA_DATABASE_URL", web.database_url)
+    runner = CliRunner()
+    made = runner.invoke(cli, ["tokens", "create", "--name", "dave ops", "--scope", "read"])
+    assert made.exit_code == 0, made.output
+    token = made.stdout.strip().splitlines()[0]
+    assert token.startswith("saga_")
+    assert web.client(token).get("/api/runs").status_code == 200
+    listed = runner.invoke(cli, ["tokens", "list", "--json"])
+    assert "dave ops" in listed.stdout and token not in listed.stdout
+    bad = runner.invoke(cli, ["tokens", "create", "--name", "<script>", "--scope", "read"])
+    assert bad.exit_code == 2
+    twice = runner.invoke(cli, ["tokens", "create", "--name", "dave ops", "--scope", "read"])
+    assert twice.exit_code == 2
+    assert runner.invoke(cli, ["tokens", "revoke", "--name", "dave ops"]).exit_code == 0
+    assert web.client(token).get("/api/runs").status_code == 401
+    assert runner.invoke(cli, ["tokens", "revoke", "--name", "dave ops"]).exit_code == 3
