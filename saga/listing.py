@@ -371,18 +371,14 @@ def _open_escalations(session: Session, run_ids: list[str]) -> dict[str, str]:
 
 def _fresher(store: RunStore, rows: list[RunRow], where: RunFilter) -> list[RunRow]:
     """Each row as Redis has it now, where it still has the run's keys."""
-    with store.client.pipeline(transaction=False) as pipe:
-        for row in rows:
-            pipe.hmget(run_keys(row.run_id)[0], _HEAD_FIELDS)
-            pipe.hget(agent_key(row.run_id), "name")
-        answers = pipe.execute()
+    live = {r.run_id: r for r in _heads(store, [row.position for row in rows])}
     fresh = []
-    for i, row in enumerate(rows):
-        live = _row_of_head(row.run_id, answers[2 * i], answers[2 * i + 1], row.created_us)
-        if live is None:
+    for row in rows:
+        now = live.get(row.run_id)
+        if now is None:
             fresh.append(row)
-        elif where.keeps(replace(live, tools=row.tools)):
-            fresh.append(replace(live, tools=row.tools, agent=live.agent or row.agent))
+        elif where.keeps(replace(now, tools=row.tools)):
+            fresh.append(replace(now, tools=row.tools, agent=now.agent or row.agent))
     return fresh
 
 

@@ -11,30 +11,24 @@ from dataclasses import dataclass
 from typing import Self
 
 from saga.errors import ConfigurationError
+from saga.settings import _env_flag, _env_int
 
 
 def _int(name: str, default: int, low: int, high: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if raw == "":
-        return default
     try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from None
+        value = _env_int(name, default)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
     if not low <= value <= high:
         raise ConfigurationError(f"{name} must be between {low} and {high}, got {value}")
     return value
 
 
 def _flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw == "":
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ConfigurationError(f"{name} must be 1 or 0, got {raw!r}")
+    try:
+        return _env_flag(name, default)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 @dataclass(frozen=True)

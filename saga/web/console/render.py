@@ -33,26 +33,27 @@ def page(
     status: int = 200,
     **values: Any,
 ) -> HTMLResponse:
-    values.update(
-        request=request,
-        base=base(request),
-        session=session,
-        can_operate=session is not None and session.may_operate,
-        csrf=session.csrf if session is not None else "",
-    )
+    values = _with_session(request, session, values)
     return templates.TemplateResponse(request, template, values, status_code=status)
 
 
 def fragment(request: Request, template: str, session: Session | None, **values: Any) -> str:
     """A part of a page, as the live updates send it."""
-    values.update(
-        request=request,
-        base=base(request),
-        session=session,
-        can_operate=session is not None and session.may_operate,
-        csrf=session.csrf if session is not None else "",
-    )
-    return templates.get_template(template).render(values)
+    return templates.get_template(template).render(_with_session(request, session, values))
+
+
+def _with_session(
+    request: Request, session: Session | None, values: dict[str, Any]
+) -> dict[str, Any]:
+    """What every template may use: where links go, who is logged in, what they may do."""
+    return {
+        **values,
+        "request": request,
+        "base": base(request),
+        "session": session,
+        "can_operate": session is not None and session.may_operate,
+        "csrf": session.csrf if session is not None else "",
+    }
 
 
 def go(request: Request, path: str) -> RedirectResponse:

@@ -6,7 +6,6 @@ while runs are created, approvals, health.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from saga.records import ActionRecord
 from saga.web import tokens
 from tasks import systems
 from tests.integration.helpers import wait_until
+from tests.integration.test_operations import at_once
 from tests.integration.web.conftest import Web
 
 pytestmark = pytest.mark.timeout(180)
@@ -219,7 +219,7 @@ def test_two_requeues_at_once_one_wins_the_other_is_a_409(web: Web, fresh_world:
     assert package["why"]["kind"] == "compensation_failed"
     assert [c["step"] for c in package["failed_compensations"]] == [2]
     systems.set_down("reversal", False)
-    answers = _at_once(
+    answers = at_once(
         2,
         lambda: web.client(web.operate_token).post(
             f"/api/escalations/{escalation}/requeue", json={}
@@ -256,22 +256,6 @@ def test_a_bad_correction_is_refused_then_resolve_closes_it(web: Web, fresh_worl
     assert done.status_code == 200, done.text
     assert done.json()["resolved_by"] == "alice"
     assert client.post(f"/api/escalations/{escalation}/requeue", json={}).status_code == 409
-
-
-def _at_once(count: int, call: Any) -> list[Any]:
-    start = threading.Barrier(count)
-    answers: list[Any] = []
-
-    def one() -> None:
-        start.wait(timeout=30)
-        answers.append(call())
-
-    threads = [threading.Thread(target=one) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return answers
 
 
 def test_saga_tokens_create_list_revoke(web: Web, monkeypatch: pytest.MonkeyPatch) -> None:
