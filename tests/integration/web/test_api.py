@@ -281,3 +281,22 @@ def test_saga_tokens_create_list_revoke(web: Web, monkeypatch: pytest.MonkeyPatc
     assert runner.invoke(cli, ["tokens", "revoke", "--name", "dave ops"]).exit_code == 0
     assert web.client(token).get("/api/runs").status_code == 401
     assert runner.invoke(cli, ["tokens", "revoke", "--name", "dave ops"]).exit_code == 3
+
+
+def test_the_app_mounts_in_another_asgi_app(web: Web) -> None:
+    """Sidekiq-Web style: mounted under /saga, its routes, its login redirect and its
+    cookies' path all follow the mount."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    outer = FastAPI()
+    outer.mount("/saga", web.app)
+    client = TestClient(outer, base_url="https://testserver")
+    headers = {"Authorization": f"Bearer {web.read_token}"}
+    assert client.get("/saga/api/runs", headers=headers).status_code == 200
+    assert client.get("/saga/health/live").json() == {"status": "ok"}
+    away = client.get("/saga/console/runs", follow_redirects=False)
+    assert (away.status_code, away.headers["location"]) == (303, "/saga/console/login")
+    form = client.get("/saga/console/login")
+    assert 'action="/saga/console/login"' in form.text
+    assert "Path=/saga/console" in form.headers["set-cookie"]
