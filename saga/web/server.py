@@ -25,5 +25,6 @@ def serve(
         root_path=(root_path if root_path is not None else settings.root_path).rstrip("/"),
         proxy_headers=True,
         server_header=False,
+        timeout_graceful_shutdown=5,  # the console's live streams end with the server
         log_level="info",
     )

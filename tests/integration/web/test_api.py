@@ -300,3 +300,33 @@ def test_the_app_mounts_in_another_asgi_app(web: Web) -> None:
     form = client.get("/saga/console/login")
     assert 'action="/saga/console/login"' in form.text
     assert "Path=/saga/console" in form.headers["set-cookie"]
+
+
+def test_without_an_app_requeue_and_resolve_say_so_and_reads_work(
+    web: Web, fresh_world: None
+) -> None:
+    """A server with no SAGA_APP serves the reads and refuses requeue and resolve with a 503
+    that says what to set."""
+    from fastapi.testclient import TestClient
+
+    from saga.client import Client
+    from saga.settings import Settings
+    from saga.web import create_app
+    from saga.web.settings import WebSettings
+
+    escalation = f"{web.escalated_run()}:0"
+    client = Client(settings=Settings.from_env())
+    bare = create_app(client=client, records=web.saga.records, settings=WebSettings())
+    try:
+        http = TestClient(bare, base_url="https://testserver")
+        headers = {"Authorization": f"Bearer {web.operate_token}"}
+        assert http.get("/api/escalations", headers=headers).status_code == 200
+        for action, body in (("requeue", {}), ("resolve", {"note": "done"})):
+            refused = http.post(
+                f"/api/escalations/{escalation}/{action}", json=body, headers=headers
+            )
+            assert refused.status_code == 503, refused.text
+            assert "SAGA_APP" in refused.json()["message"]
+        assert http.get(f"/api/escalations/{escalation}", headers=headers).json()["open"]
+    finally:
+        client.store.client.close()
