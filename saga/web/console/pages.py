@@ -144,10 +144,14 @@ def escalations(
     request: Request,
     all: Annotated[str | None, Query(max_length=5)] = None,
     run_id: Annotated[str | None, Query(max_length=128)] = None,
+    since: Annotated[str | None, Query(max_length=40)] = None,
 ) -> HTMLResponse:
     session = viewer(request)
     rows = escalation_rows(
-        context(request).records, open_only=not all, run_id=run_id or None, since=None
+        context(request).records,
+        open_only=not all,
+        run_id=run_id or None,
+        since=_moment(since, "since"),
     )
     return render.page(
         request,
@@ -156,7 +160,16 @@ def escalations(
         rows=rows[:200],
         everything=bool(all),
         run_id=run_id or "",
+        since=since or "",
     )
+
+
+@router.get("/approvals")
+def approvals(request: Request) -> HTMLResponse:
+    """Calls awaiting a person across the newest running runs; decided on each run's page."""
+    session = viewer(request)
+    pending = actions.pending_approvals(context(request))
+    return render.page(request, "approvals.html", session, approvals=pending)
 
 
 @router.get("/escalations/{escalation_id}")

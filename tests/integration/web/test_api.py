@@ -6,13 +6,16 @@ while runs are created, approvals, health.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from saga import RunState
+from saga.cli.main import cli
 from saga.constants import CREATED_RUNS_KEY, run_keys
 from saga.records import ActionRecord
 from saga.web import tokens
@@ -129,6 +132,8 @@ def test_creating_a_run_is_idempotent_by_its_id(web: Web) -> None:
     other = client.post("/api/runs", json={**body, "input": "something else"})
     assert other.status_code == 409
     web.recorded("api-idem-1", RunState.COMPLETED)
+    shown = CliRunner().invoke(cli, ["show", "api-idem-1", "--json"])
+    assert client.get("/api/runs/api-idem-1").json() == json.loads(shown.stdout)
     agent = client.get("/api/runs/api-idem-1/agent").json()
     assert agent["input"] == "Order 1 please"
     assert client.post("/api/runs", json=body).status_code == 200
@@ -261,10 +266,6 @@ def test_a_bad_correction_is_refused_then_resolve_closes_it(web: Web, fresh_worl
 def test_saga_tokens_create_list_revoke(web: Web, monkeypatch: pytest.MonkeyPatch) -> None:
     """The command makes a token that works at once, lists it without the secret, refuses a
     bad name (exit 2) and revokes it (the next request is a 401)."""
-    from click.testing import CliRunner
-
-    from saga.cli.main import cli
-
     monkeypatch.setenv("SAGA_DATABASE_URL", web.database_url)
     runner = CliRunner()
     made = runner.invoke(cli, ["tokens", "create", "--name", "dave ops", "--scope", "read"])

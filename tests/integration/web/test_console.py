@@ -198,8 +198,11 @@ def test_approve_a_pending_call_and_see_it_run(
     )
     run_id = started.json()["run_id"]
     log_in(browser, server, web.operate_token)
+    browser.get(f"{server}/console/approvals")
+    until(browser, lambda: run_id in browser.page_source or _reload(browser), "the call listed")
     browser.get(f"{server}/console/runs/{run_id}")
     until(browser, lambda: "send_reply" in text_of(browser, ".approval"), "the call to approve")
+    shot(browser, "run-approval.png")
     call_hash = until(browser, lambda: text_of(browser, ".approval .hash"), "the call's hash")
     assert len(call_hash) == 64
     until(browser, lambda: _click(browser, ".approval button[name=approve]"), "approve")
@@ -236,6 +239,11 @@ def test_a_read_login_sees_no_buttons_and_a_forged_post_changes_nothing(
     assert "CSRF" in browser.page_source
     assert web.saga.store.head(running.run_id).state is RunState.RUNNING  # type: ignore[union-attr]
     running.abort("test over")
+
+
+def _reload(browser: Any) -> bool:
+    browser.refresh()
+    return False
 
 
 def _click(browser: Any, css: str) -> bool:
