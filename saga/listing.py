@@ -42,6 +42,8 @@ __all__ = ["RunFilter", "RunPage", "RunRow", "list_runs", "page_of_runs"]
 
 #: Index entries read at most for one page (a selective filter returns a short page then).
 _SCAN = 2000
+#: Index entries read at most in one round trip.
+_BATCH = 500
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
 _HEAD_FIELDS = ["state", "reason", "created", "ended", "generation", "resolved", "version"]
@@ -207,7 +209,7 @@ def _redis_rows(store: RunStore, where: RunFilter, after: Position | None) -> _S
     by_head = replace(where, tool=None)
     bottom = "-inf" if where.since is None else _score(micros(where.since))
     source = _Source()
-    bound, scanned, batch = after, 0, max(where.limit + 1, 20)
+    bound, scanned, batch = after, 0, where.limit + 1
     while scanned < _SCAN:
         if bound is not None:
             top = _score(bound.created_us)
@@ -232,6 +234,7 @@ def _redis_rows(store: RunStore, where: RunFilter, after: Position | None) -> _S
         bound = source.horizon = fresh[-1]
         if len(source.rows) >= where.limit:
             break
+        batch = min(batch * 2, _BATCH)  # a filter that keeps few: read more at a time
     return source
 
 

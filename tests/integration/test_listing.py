@@ -154,3 +154,18 @@ def _created(store: RunStore, records: RecordStore, run_id: str) -> float:
     row = records.run(run_id)
     assert row is not None
     return row.created_at.replace(tzinfo=UTC).timestamp()
+
+
+def test_a_selective_filter_pages_through_many_batches(store: RunStore) -> None:
+    """One run in ten matches: pages of 2 read the index a growing batch at a time and find
+    every match, newest first, once."""
+    for i in range(60):
+        store.create(f"run-{i:02d}", 900, agent="rare" if i % 10 == 3 else "common", input_json="x")
+    seen, cursor = [], None
+    while True:
+        page = page_of_runs(store, None, RunFilter(agent="rare", limit=2), cursor)
+        seen += [r.run_id for r in page.rows]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == [f"run-{i:02d}" for i in (53, 43, 33, 23, 13, 3)]
