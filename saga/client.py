@@ -19,8 +19,9 @@ from celery import Celery
 from saga.agents.launch import enqueue_run as _enqueue_run
 from saga.agents.launch import published_agent, send_turn
 from saga.agents.turn_state import LoopState, document
-from saga.constants import ACTIVE_RUNS_KEY, START_UNWIND_TASK, TURN_QUEUE, agent_key, run_keys
+from saga.constants import START_UNWIND_TASK, TURN_QUEUE
 from saga.errors import ApprovalError, RunEndedError, UnknownRunError
+from saga.listing import RunFilter, page_of_runs
 from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
 from saga.rules import not_undone
@@ -147,19 +148,19 @@ class Client:
 
     def list_runs(self, agent: str | None = None, limit: int = 50) -> list[RunSummary]:
         """Hosted runs whose keys are still in Redis (running, or within their retention),
-        newest first."""
-        ids = [str(r) for r in self.store.client.zrange(ACTIVE_RUNS_KEY, 0, 9999)]
-        with self.store.client.pipeline(transaction=False) as pipe:
-            for run_id in ids:
-                pipe.hmget(agent_key(run_id), ["name"])
-                pipe.hmget(run_keys(run_id)[0], ["state", "created"])
-            rows = pipe.execute()
-        found = []
-        for i, run_id in enumerate(ids):
-            [name], (state, created) = rows[2 * i], rows[2 * i + 1]
-            if name and state and (agent is None or name == agent):
-                found.append(RunSummary(run_id, name, state, float(created or 0)))
-        found.sort(key=lambda r: r.created, reverse=True)
+        newest first (``saga.listing`` pages through all runs, with SQL's too)."""
+        found: list[RunSummary] = []
+        cursor: str | None = None
+        while len(found) < limit:
+            page = page_of_runs(self.store, None, RunFilter(agent=agent, limit=limit), cursor)
+            found += [
+                RunSummary(r.run_id, r.agent, r.state, r.created or 0.0)
+                for r in page.rows
+                if r.agent
+            ]
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
         return found[:limit]
 
     def approve(self, run_id: str, approval_id: str, *, args_hash: str, by: str) -> None:

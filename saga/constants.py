@@ -9,14 +9,21 @@ from __future__ import annotations
 
 KEY_PREFIX = "saga"
 
-#: Sorted set of runs not yet ended, for the reaper (the one key outside any run's hash tag).
+#: Sorted set of runs not yet ended, for the reaper (outside any run's hash tag).
 ACTIVE_RUNS_KEY = f"{KEY_PREFIX}:active"
 #: The agents the workers host, by name (JSON: deadline, tools, approval), published by each
 #: worker as it starts: what lets a web app refuse a run of an agent no worker runs.
 AGENTS_KEY = f"{KEY_PREFIX}:agents"
+#: Sorted set of the runs whose keys are in Redis, scored by their creation time (the run
+#: hash's ``created``): what a listing pages through, newest first. ``create.lua`` adds a run,
+#: the reaper drops it with the reaper's index once its keys are gone.
+CREATED_RUNS_KEY = f"{KEY_PREFIX}:created"
 #: When the beat-scheduled reaper last finished a pass (Redis clock): ``saga doctor`` reads it
 #: to tell that beat and a worker are alive.
 REAPER_PASS_KEY = f"{KEY_PREFIX}:reaper:last-pass"
+#: A console login session (``<prefix><session id>``: the token's id and the CSRF token),
+#: expiring with the session.
+WEB_SESSION_PREFIX = f"{KEY_PREFIX}:web:session:"
 #: Fault-injection rules and their counters (saga.testing), read only when explicitly enabled.
 FAULTS_KEY = f"{KEY_PREFIX}:{{testing}}:faults"
 FAULT_COUNTS_KEY = f"{KEY_PREFIX}:{{testing}}:fault-counts"

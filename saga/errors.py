@@ -244,3 +244,15 @@ class NotificationError(SagaError):
 
 class SignatureError(SagaError):
     """A webhook's ``Saga-Signature`` is missing, malformed, too old or does not match."""
+
+
+class InvalidCursorError(SagaError):
+    """A listing's cursor is not one a listing gave (it names a creation time and a run id)."""
+
+
+class TokenError(SagaError):
+    """An API token's name or scope is invalid, or no token of that name exists to revoke."""
+
+
+class NoAppError(ConfigurationError):
+    """The server has no application ``Saga`` (``SAGA_APP``), which requeue and resolve need."""

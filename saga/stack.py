@@ -23,6 +23,7 @@ from redis.commands.core import Script
 from saga import payload
 from saga.constants import (
     ACTIVE_RUNS_KEY,
+    CREATED_RUNS_KEY,
     REAPER_PASS_KEY,
     agent_key,
     run_keys,
@@ -214,12 +215,38 @@ class RunStore:
         agent: str = "",
         input_json: str = "",
     ) -> bool:
-        """Create the run (and, for a hosted ``agent``, its loop's hash with the input)."""
-        # Indexed first, due at its deadline: a crash between the two leaves an index entry
-        # without keys, which the reaper drops once it is long overdue (never a run without one).
-        self.schedule(run_id, self.now() + deadline)
-        created = self._call("create", run_id, int(allow_after_pivot), deadline, agent, input_json)
-        return created.status == "1"
+        """Create the run (and, for a hosted ``agent``, its loop's hash with the input).
+
+        One round trip: the reaper's index (due at the deadline), the listing's index (by
+        creation time, only if the run is new to it), then the script, which stamps the run
+        with that same creation time, so a listing's cursor and the SQL record agree to the
+        microsecond. Indexed first: a crash in between leaves index entries without keys,
+        which the reaper and the listing skip and drop (never a run without them). The indexes
+        are written here, not in the script, so every script touches one run's keys only (one
+        hash tag: Redis Cluster)."""
+        created = f"{self.now():.6f}"
+        keys = script_keys(run_id)
+        args: list[str | int | float] = [
+            int(allow_after_pivot),
+            deadline,
+            agent,
+            input_json,
+            created,
+        ]
+        script = self._scripts["create"]
+        with _reachable("create"):
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.zadd(ACTIVE_RUNS_KEY, {run_id: float(created) + deadline})
+                pipe.zadd(CREATED_RUNS_KEY, {run_id: float(created)}, nx=True)
+                # EVALSHA itself: redis-py's pipelined scripts cost a SCRIPT EXISTS each time.
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                *indexed, made = pipe.execute(raise_on_error=False)
+            if isinstance(made, redis.exceptions.NoScriptError):  # a Redis that restarted
+                made = script(keys=keys, args=args)
+            for answer in (*indexed, made):
+                if isinstance(answer, Exception):
+                    raise answer
+        return str(made) == "1"
 
     def schedule(self, run_id: str, at: float) -> None:
         """Have the reaper look at the run at ``at`` (Redis clock)."""
@@ -251,9 +278,11 @@ class RunStore:
         return float(value) if value else None
 
     def forget(self, run_id: str) -> None:
-        """Drop a run whose keys are gone from the reaper's index."""
-        with _reachable("forget"):
-            self.client.zrem(ACTIVE_RUNS_KEY, run_id)
+        """Drop a run whose keys are gone from the reaper's index and the listing's."""
+        with _reachable("forget"), self.client.pipeline(transaction=True) as pipe:
+            pipe.zrem(ACTIVE_RUNS_KEY, run_id)
+            pipe.zrem(CREATED_RUNS_KEY, run_id)
+            pipe.execute()
 
     # -- forward path ---------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from saga.cli.context import Env, emit_json, not_found, parse_since
-from saga.cli.queries import escalation_doc, escalation_rows
+from saga.cli.queries import escalation_doc, escalation_rows, escalation_summary
 from saga.escalations import to_json, to_markdown, to_rich
 from saga.escalations.document import iso_datetime
 
@@ -44,20 +44,7 @@ def escalations(
     """List escalations, newest first (open ones unless --all)."""
     rows = escalation_rows(env.records, open_only=not everything, run_id=run_id, since=since)
     if as_json:
-        items = [
-            {
-                "escalation_id": r.escalation_id,
-                "run_id": r.run_id,
-                "reason": r.reason,
-                "cause": r.cause,
-                "created_at": iso_datetime(r.created_at),
-                "open": not r.resolved,
-                "resolution": r.resolution,
-                "live": len(r.not_undone),
-                "failed_compensations": len(r.failed_compensations),
-            }
-            for r in rows
-        ]
+        items = [escalation_summary(r) for r in rows]
         emit_json({"schema_version": 1, "escalations": items})
         return
     table = Table()

@@ -16,6 +16,8 @@ from saga.cli.doctor import doctor
 from saga.cli.escalations import escalation, escalations
 from saga.cli.operate import reap, requeue, resolve
 from saga.cli.runs import runs, show
+from saga.cli.serve import serve
+from saga.cli.tokens import tokens
 from saga.errors import (
     ConfigurationError,
     DatabaseSchemaError,
@@ -90,6 +92,8 @@ cli.add_command(resolve)
 cli.add_command(reap)
 cli.add_command(doctor)
 cli.add_command(db)
+cli.add_command(tokens)
+cli.add_command(serve)
 
 
 def main() -> None:

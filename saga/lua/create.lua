@@ -1,13 +1,16 @@
--- ARGV: allow_after_pivot, deadline_seconds[, agent, input_json]. Returns 1 if created, 0 if
--- the run exists. With an agent, the hosted loop's hash is created in the same step, so a run
--- of an agent never exists without knowing which agent it is.
+-- ARGV: allow_after_pivot, deadline_seconds, agent, input_json, created (seconds, the score
+-- the caller indexed the run with in saga:created). Returns 1 if created, 0 if the run
+-- exists. With an agent, the hosted loop's hash is created in the same step, so a run of an
+-- agent never exists without knowing which agent it is. The indexes (outside the run's hash
+-- tag) are written by the caller, before this script, in the same round trip.
 if redis.call('EXISTS', RUN) == 1 then return 0 end
+local created = ARGV[5]
 redis.call('HSET', RUN, 'state', 'running', 'version', 0, 'next_step', 0, 'pivot', '',
-  'reason', '', 'owner', '', 'sent', '0', 'generation', 0, 'created', NOW_S,
-  'updated', NOW_S, 'ended', '', 'allow_after_pivot', ARGV[1], 'deadline', ARGV[2],
+  'reason', '', 'owner', '', 'sent', '0', 'generation', 0, 'created', created,
+  'updated', created, 'ended', '', 'allow_after_pivot', ARGV[1], 'deadline', ARGV[2],
   'doubt', '', 'recorded', '')
 if ARGV[3] and ARGV[3] ~= '' then
-  redis.call('HSET', AGENT, 'name', ARGV[3], 'input', ARGV[4], 'created', NOW_S,
+  redis.call('HSET', AGENT, 'name', ARGV[3], 'input', ARGV[4], 'created', created,
     'model_calls', 0, 'tokens_in', 0, 'tokens_out', 0, 'bytes', string.len(ARGV[4]))
 end
 return 1

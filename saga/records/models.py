@@ -24,6 +24,8 @@ ESCALATION_ID_LENGTH = RUN_ID_MAX_LENGTH + 32
 ACTION_ID_LENGTH = RUN_ID_MAX_LENGTH + 48
 #: Tool names, owners and people's names: identifiers, not prose.
 NAME_LENGTH = 200
+#: An API token's name (it becomes the ``by`` of what is done with it, within ``NAME_LENGTH``).
+TOKEN_NAME_LENGTH = 100
 
 
 class Base(DeclarativeBase):
@@ -195,3 +197,21 @@ class ActionRecord(Base):
     corrections: Mapped[dict[str, Any]] = mapped_column(JSON)
     #: Compensations a requeue sent again (0 for a resolve).
     count: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class ApiTokenRecord(Base):
+    """A bearer token of the HTTP API (``saga tokens create``). Only the SHA-256 of the token
+    is kept: the token is 256 random bits, so its hash cannot be reversed or guessed, and a
+    copy of this table lets nobody in. ``token_id`` is the token's public part, what a request
+    is looked up by before its digest is compared in constant time."""
+
+    __tablename__ = "saga_api_tokens"
+
+    token_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    #: Who acts with it: the ``by`` of every operator action taken with the token.
+    name: Mapped[str] = mapped_column(String(TOKEN_NAME_LENGTH), index=True)
+    #: "read" or "operate".
+    scope: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

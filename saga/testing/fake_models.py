@@ -31,7 +31,7 @@ from typing import Any, TypeAlias
 try:  # the SDKs' own HTTP library: httpx2 from openai 3.x / anthropic 2.x, httpx before
     import httpx2 as httpx
 except ImportError:  # pragma: no cover - depends on the installed SDK
-    import httpx  # type: ignore[no-redef,import-not-found]
+    import httpx  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 #: Placeholders the SDKs insist on; nothing checks them.
 FAKE_KEY = "sk-fake-key-for-tests"

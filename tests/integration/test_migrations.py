@@ -35,6 +35,7 @@ TABLES = {
     "saga_escalations",
     "saga_actions",
     "saga_transcripts",
+    "saga_api_tokens",
     "saga_alembic_version",
 }
 

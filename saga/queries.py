@@ -1,0 +1,114 @@
+"""Reading one run or escalation, for every surface (the ``saga`` command, the HTTP API, the
+console): Redis for what is live, SQL for the rest. Listing runs is ``saga.listing``.
+
+A run is in Redis from its start until its keys expire (its retention after it ended), and in
+SQL once it ended; where both have it, Redis is the fresher (a requeued run is unwinding in
+Redis while SQL still says escalated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy.orm import Session
+
+from saga.agents.turn_state import document
+from saga.escalations import (
+    EscalationDoc,
+    RunDoc,
+    escalation_package,
+    run_document,
+    run_document_from_records,
+)
+from saga.escalations.document import iso_datetime
+from saga.picture import RunPicture
+from saga.records import EscalationRecord, RecordStore
+from saga.stack import RunStore
+
+
+def _timestamp(value: datetime | None) -> float | None:
+    if value is None:
+        return None
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+
+
+# -- one run, one escalation -------------------------------------------------------------------
+
+
+def run_doc(store: RunStore | None, records: RecordStore, run_id: str) -> RunDoc | None:
+    """The run from its live keys, else from its records; None if neither knows it."""
+    picture = store.picture(run_id) if store is not None else None
+    if picture is not None:
+        return run_document(picture)
+    run = records.run(run_id)
+    escalations = records.escalations(run_id)
+    if run is None and not escalations:
+        return None
+    return run_document_from_records(run, escalations)
+
+
+def find_escalation(records: RecordStore, escalation_id: str) -> EscalationRecord | None:
+    with Session(records.engine, expire_on_commit=False) as session:
+        return session.get(EscalationRecord, escalation_id)
+
+
+def escalation_doc(
+    store: RunStore | None,
+    records: RecordStore,
+    escalation_id: str,
+    *,
+    command: str,
+    corrections: bool,
+) -> EscalationDoc | None:
+    """The package of ``escalation_id``: from its record, or from the run's picture when the
+    run escalated and its record is not written yet. ``store`` None: Redis is not read."""
+    record = find_escalation(records, escalation_id)
+    run_id = record.run_id if record else escalation_id.rpartition(":")[0]
+    picture: RunPicture | None = store.picture(run_id) if store is not None and run_id else None
+    if record is None:
+        matches = (
+            picture is not None
+            and picture.state.value == "escalated"
+            and f"{picture.run_id}:{picture.generation}" == escalation_id
+        )
+        if not matches:
+            return None
+        return escalation_package(None, picture, command=command, corrections=corrections)
+    run = records.run(run_id) if picture is None else None
+    return escalation_package(record, picture, run, command=command, corrections=corrections)
+
+
+def escalation_rows(
+    records: RecordStore, *, open_only: bool, run_id: str | None, since: float | None
+) -> Sequence[EscalationRecord]:
+    rows = records.escalations(run_id=run_id, open_only=open_only)
+    if since is not None:
+        rows = [r for r in rows if (_timestamp(r.created_at) or 0) >= since]
+    return cast(Sequence[EscalationRecord], sorted(rows, key=lambda r: r.created_at, reverse=True))
+
+
+def escalation_summary(row: EscalationRecord) -> dict[str, Any]:
+    """One escalation as a listing shows it (``saga escalations --json``, the API)."""
+    return {
+        "escalation_id": row.escalation_id,
+        "run_id": row.run_id,
+        "reason": row.reason,
+        "cause": row.cause,
+        "created_at": iso_datetime(row.created_at),
+        "open": not row.resolved,
+        "resolution": row.resolution,
+        "live": len(row.not_undone),
+        "failed_compensations": len(row.failed_compensations),
+    }
+
+
+def hosted_doc(store: RunStore | None, records: RecordStore, run_id: str) -> dict[str, Any] | None:
+    """A hosted run's input, turns, usage and pending approvals (``saga.agents``' document):
+    from its live keys, else as its record kept it; None for a run no agent drove."""
+    picture = store.picture(run_id) if store is not None else None
+    if picture is not None:
+        return document(picture)
+    recorded = records.transcript(run_id)
+    return dict(recorded.transcript) if recorded is not None else None

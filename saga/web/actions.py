@@ -1,0 +1,164 @@
+"""What the API and the console do, once, over the functions the ``saga`` command calls
+(``saga.client``, ``saga.operations`` through the ``Saga``, ``saga.queries``,
+``saga.listing``). Both surfaces render what these return; neither decides anything itself.
+
+Every operator action takes ``by``, the name of the token that asked, and records it the way
+that action records a person (``saga.operations``' action rows, the approval's decision, the
+abort's reason).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from saga.client import status_of
+from saga.errors import (
+    EscalationResolvedError,
+    PayloadError,
+    RunExistsError,
+    UnknownEscalationError,
+    UnknownRunError,
+)
+from saga.escalations import EscalationDoc, RunDoc, run_json
+from saga.escalations.schema import RunJsonDoc
+from saga.listing import RunFilter, page_of_runs
+from saga.queries import escalation_doc, find_escalation, hosted_doc, run_doc
+from saga.records import EscalationRecord
+from saga.web.context import WebContext
+
+logger = logging.getLogger("saga.web")
+
+#: Running runs looked at, at most, for the list of calls awaiting approval.
+APPROVALS_SCAN = 200
+#: The commands an escalation package suggests, as the server would run them.
+_COMMAND = "saga"
+
+
+def the_run(ctx: WebContext, run_id: str) -> RunJsonDoc:
+    """``saga show RUN --json``: from the live keys, else the records."""
+    doc = run_doc(ctx.store, ctx.records, run_id)
+    if doc is None:
+        raise UnknownRunError(f"no run {run_id} (never started, or expired and never recorded)")
+    return run_json(doc)
+
+
+def the_run_doc(ctx: WebContext, run_id: str) -> RunDoc:
+    doc = run_doc(ctx.store, ctx.records, run_id)
+    if doc is None:
+        raise UnknownRunError(f"no run {run_id} (never started, or expired and never recorded)")
+    return doc
+
+
+def the_agent(ctx: WebContext, run_id: str) -> dict[str, Any]:
+    """The hosted agent's side of a run: input, turns, usage, pending approvals."""
+    picture = ctx.store.picture(run_id)
+    if picture is not None and picture.agent:
+        return status_of(picture).to_dict()
+    hosted = hosted_doc(None, ctx.records, run_id)
+    if hosted is None:
+        raise UnknownRunError(f"run {run_id} has no hosted agent (or is unknown)")
+    return {"run_id": run_id, **hosted, "pending_approvals": []}
+
+
+def start_run(
+    ctx: WebContext, agent: str, input: str, run_id: str | None
+) -> tuple[RunJsonDoc, bool]:
+    """Start a hosted run, idempotently by ``run_id``: the same agent and input again answer
+    the existing run (False: not created now); another body under that id is a conflict."""
+    if len(input.encode()) > ctx.client.settings.max_payload_bytes:
+        raise PayloadError(f"input is over the limit of {ctx.client.settings.max_payload_bytes}")
+    if run_id is not None:
+        _same_body(ctx, run_id, agent, input)
+        if ctx.store.head(run_id) is None and ctx.records.run(run_id) is not None:
+            return the_run(ctx, run_id), False  # ended, its keys expired: the record answers
+    existed = run_id is not None and ctx.store.head(run_id) is not None
+    started = ctx.client.enqueue_run(agent, input, run_id)
+    _same_body(ctx, started, agent, input)  # another request may have created it meanwhile
+    return the_run(ctx, started), not existed
+
+
+def _same_body(ctx: WebContext, run_id: str, agent: str, input: str) -> None:
+    hosted = hosted_doc(ctx.store, ctx.records, run_id)
+    if hosted is None:
+        if ctx.store.head(run_id) is not None or ctx.records.run(run_id) is not None:
+            raise RunExistsError(f"run {run_id} exists and no agent drives it")
+        return
+    if hosted.get("agent") != agent or hosted.get("input") != input:
+        raise RunExistsError(
+            f"run {run_id} exists with another agent or input: pick a new run id, or send the "
+            "same body to get the existing run"
+        )
+
+
+def abort(ctx: WebContext, run_id: str, reason: str, by: str) -> RunJsonDoc:
+    """Stop the run: its reason says who (``aborted: <reason> (by <name>)``)."""
+    ctx.client.abort_run(run_id, f"{reason} (by {by})")
+    logger.warning("run %s: aborted by %r: %s", run_id, by, reason)
+    return the_run(ctx, run_id)
+
+
+def decide(
+    ctx: WebContext,
+    run_id: str,
+    approval_id: str,
+    *,
+    approve: bool,
+    args_hash: str,
+    reason: str,
+    by: str,
+) -> None:
+    """Approve or deny a call awaiting a person, bound to the arguments' hash they saw."""
+    if approve:
+        ctx.client.approve(run_id, approval_id, args_hash=args_hash, by=by)
+    else:
+        ctx.client.deny(run_id, approval_id, reason, args_hash=args_hash, by=by)
+    logger.warning(
+        "run %s: call %s %s by %r", run_id, approval_id, "approved" if approve else "denied", by
+    )
+
+
+def pending_approvals(ctx: WebContext, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Calls awaiting a person, of one run or of the newest running runs."""
+    if run_id is not None:
+        return [{"run_id": run_id, **a} for a in the_agent(ctx, run_id)["pending_approvals"]]
+    page = page_of_runs(ctx.store, None, RunFilter(states=("running",), limit=APPROVALS_SCAN))
+    found = []
+    for row in page.rows:
+        if not row.agent:
+            continue
+        picture = ctx.store.picture(row.run_id)
+        if picture is None:
+            continue
+        for approval in status_of(picture).pending_approvals:
+            found.append({"run_id": row.run_id, "agent": row.agent, **approval})
+    return found
+
+
+def the_escalation(ctx: WebContext, escalation_id: str) -> EscalationDoc:
+    doc = escalation_doc(ctx.store, ctx.records, escalation_id, command=_COMMAND, corrections=True)
+    if doc is None:
+        raise UnknownEscalationError(f"no escalation {escalation_id}")
+    return doc
+
+
+def requeue(
+    ctx: WebContext, escalation_id: str, corrections: Mapping[int, Mapping[str, Any]], by: str
+) -> int:
+    """Run the escalation's failed undos again (corrected first): ``saga requeue``. Refused
+    (409) unless it is the run's open escalation; of two at once, one runs and the other is
+    refused by ``saga.operations``' fence."""
+    doc = the_escalation(ctx, escalation_id)
+    if not doc["open"]:
+        raise EscalationResolvedError(f"escalation {escalation_id} is closed: {doc['resolution']}")
+    saga = ctx.saga()
+    return saga.requeue_failed_compensations(doc["run_id"], corrections=corrections, by=by)
+
+
+def resolve(ctx: WebContext, escalation_id: str, note: str, by: str) -> EscalationRecord:
+    """Close the escalation by hand, saying what was done: ``saga resolve``."""
+    saga = ctx.saga()
+    if find_escalation(ctx.records, escalation_id) is None:
+        raise UnknownEscalationError(f"no escalation {escalation_id} (not recorded yet?)")
+    return saga.resolve_escalation(escalation_id, note=note, by=by)

@@ -1,0 +1,7 @@
+"""The JSON API: runs, approvals, escalations (bearer tokens), health (open)."""
+
+from saga.web.api import approvals, escalations, health, runs
+
+ROUTERS = [health.router, runs.router, approvals.router, escalations.router]
+
+__all__ = ["ROUTERS"]

@@ -1,0 +1,120 @@
+"""The bodies the API accepts and the listings it answers, as pydantic models: the OpenAPI
+schema is the contract, and a body that breaks it is refused (422) naming the field, before
+anything happens. Unknown fields are refused too: a typo must not pass for an omission.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from saga.errors import InvalidRunIdError
+from saga.validation import RUN_ID_MAX_LENGTH, check_run_id
+
+#: What a person types: bounded, never blank (a note or a reason is kept with the record).
+Note = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
+ArgsHash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+AgentName = Annotated[
+    str, StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateRun(Body):
+    """A hosted run: ``agent`` declared on the workers, the user's ``input``; ``run_id``
+    makes the request idempotent (the same body again answers the same run)."""
+
+    agent: AgentName
+    input: Annotated[str, StringConstraints(min_length=1)]
+    run_id: Annotated[str | None, Field(max_length=RUN_ID_MAX_LENGTH)] = None
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, value: str | None) -> str | None:
+        try:
+            return None if value is None else check_run_id(value)
+        except InvalidRunIdError as exc:  # a ValueError names the field: body.run_id
+            raise ValueError(str(exc)) from None
+
+
+class Abort(Body):
+    reason: Note = "aborted by an operator"
+
+
+class Approve(Body):
+    """The hash of the arguments the person saw (``pending_approvals[].args_hash``)."""
+
+    args_hash: ArgsHash
+
+
+class Deny(Body):
+    args_hash: ArgsHash
+    reason: Note
+
+
+class Requeue(Body):
+    """``corrections``: step number → arguments merged into that step's undo first, e.g.
+    ``{"3": {"ticket_id": 9105}}``."""
+
+    corrections: dict[
+        Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")], dict[str, Any]
+    ] = Field(default_factory=dict)
+
+    def steps(self) -> dict[int, dict[str, Any]]:
+        return {int(step): fix for step, fix in self.corrections.items()}
+
+
+class Resolve(Body):
+    note: Note
+
+
+class RunRowOut(BaseModel):
+    run_id: str
+    state: str
+    reason: str
+    agent: str
+    created_at: str | None
+    ended_at: str | None
+    tools: list[str]
+    open_escalation: str | None
+    source: str
+
+
+class RunList(BaseModel):
+    runs: list[RunRowOut]
+    #: Pass as ``cursor`` for the next page; null when there is nothing older.
+    next_cursor: str | None
+
+
+class EscalationRowOut(BaseModel):
+    escalation_id: str
+    run_id: str
+    reason: str
+    cause: str
+    created_at: str | None
+    open: bool
+    resolution: str
+    live: int
+    failed_compensations: int
+
+
+class EscalationList(BaseModel):
+    escalations: list[EscalationRowOut]
+
+
+class Requeued(BaseModel):
+    escalation_id: str
+    run_id: str
+    requeued: int
+    by: str
+
+
+class Decided(BaseModel):
+    run_id: str
+    approval_id: str
+    verdict: str
+    by: str

@@ -1,0 +1,171 @@
+"""The console's forms: log in and out, abort, approve or deny a call, requeue (with a preview
+of the corrections as a diff) and resolve. Every form carries the session's CSRF token; one
+without it, or posted by a ``read`` login, is refused (403) before anything happens. Each acts
+through ``saga.web.actions``, as the API does, with the token's name as ``by``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, Response
+from starlette.datastructures import FormData
+
+from saga.web import actions
+from saga.web.api.common import ApprovalId, EscalationId, RunId
+from saga.web.auth import (
+    LOGIN_COOKIE,
+    Session,
+    close_session,
+    context,
+    csrf_matches,
+    find_session,
+    open_session,
+)
+from saga.web.console import render
+from saga.web.console.pages import viewer
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+
+_TEXT_LIMIT = 2000
+
+
+async def acting(request: Request) -> tuple[Session, FormData]:
+    """The session behind a form that changes something: logged in, the form's CSRF token
+    matching, and a scope that may act."""
+    session = viewer(request)
+    form = await request.form()
+    if not csrf_matches(session.csrf, _text(form, "csrf", required=False)):
+        raise HTTPException(403, "the form's CSRF token is missing or wrong: nothing was done")
+    if not session.may_operate:
+        raise HTTPException(403, f"{session.holder.name!r} may only read: nothing was done")
+    return session, form
+
+
+def _text(form: FormData, field: str, *, required: bool = True, limit: int = _TEXT_LIMIT) -> str:
+    value = form.get(field)
+    text = value.strip() if isinstance(value, str) else ""
+    if required and not text:
+        raise HTTPException(422, f"{field}: required")
+    if len(text) > limit:
+        raise HTTPException(422, f"{field}: at most {limit} characters")
+    return text
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    form = await request.form()
+    expected = request.cookies.get(LOGIN_COOKIE, "")
+    if not expected or not csrf_matches(expected, _text(form, "csrf", required=False)):
+        raise HTTPException(403, "the login form's CSRF token is missing or wrong")
+    opened = open_session(context(request), _text(form, "token", required=False, limit=200))
+    if opened is None:
+        response: Response = render.go(request, "/console/login?error=unknown+or+revoked+token")
+        return response
+    session_id, _ = opened
+    response = render.go(request, "/console/runs")
+    render.set_session_cookie(request, response, session_id)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    session = find_session(context(request), request)
+    form = await request.form()
+    if session is not None:
+        if not csrf_matches(session.csrf, _text(form, "csrf", required=False)):
+            raise HTTPException(403, "the form's CSRF token is missing or wrong")
+        close_session(context(request), session.session_id)
+    response = render.go(request, "/console/login")
+    render.clear_cookies(request, response)
+    return response
+
+
+@router.post("/runs/{run_id}/abort")
+async def abort(request: Request, run_id: RunId) -> Response:
+    session, form = await acting(request)
+    reason = _text(form, "reason", required=False) or "aborted by an operator"
+    actions.abort(context(request), run_id, reason, session.holder.name)
+    return render.go(request, f"/console/runs/{run_id}")
+
+
+@router.post("/runs/{run_id}/approvals/{approval_id}/{verdict}")
+async def decide(
+    request: Request, run_id: RunId, approval_id: ApprovalId, verdict: str
+) -> Response:
+    if verdict not in ("approve", "deny"):
+        raise HTTPException(404, f"no such decision {verdict[:20]!r}")
+    session, form = await acting(request)
+    args_hash = _text(form, "args_hash", limit=64)
+    reason = _text(form, "reason") if verdict == "deny" else ""
+    actions.decide(
+        context(request),
+        run_id,
+        approval_id,
+        approve=verdict == "approve",
+        args_hash=args_hash,
+        reason=reason,
+        by=session.holder.name,
+    )
+    return render.go(request, f"/console/runs/{run_id}")
+
+
+@router.post("/escalations/{escalation_id}/requeue/preview")
+async def requeue_preview(request: Request, escalation_id: EscalationId) -> HTMLResponse:
+    """The corrections typed into the escalation page, as a diff to confirm."""
+    session, form = await acting(request)
+    doc = actions.the_escalation(context(request), escalation_id)
+    originals: dict[int, dict[str, Any]] = {
+        c["step"]: dict(c["undo"]["args"]) if c["undo"] else {} for c in doc["failed_compensations"]
+    }
+    corrections: dict[str, dict[str, Any]] = {}
+    diff = []
+    for key, raw in form.multi_items():
+        if not key.startswith("fix.") or not isinstance(raw, str):
+            continue
+        _, step_text, arg = key.split(".", 2)
+        step = int(step_text) if step_text.isdigit() else -1
+        if step not in originals or arg not in originals[step]:
+            raise HTTPException(422, f"{key}: no such argument of a failed undo")
+        before, after = originals[step][arg], _value(raw)
+        if after != before:
+            corrections.setdefault(str(step), {})[arg] = after
+            diff.append({"step": step, "arg": arg, "before": before, "after": after})
+    return render.page(
+        request,
+        "requeue.html",
+        session,
+        doc=doc,
+        diff=diff,
+        corrections=json.dumps(corrections, ensure_ascii=False),
+    )
+
+
+def _value(text: str) -> Any:
+    """What an argument box says: JSON when it parses as JSON (``100``, ``true``, ``"x"``),
+    else the text as it is (as ``saga requeue --set`` reads a value)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@router.post("/escalations/{escalation_id}/requeue")
+async def requeue(request: Request, escalation_id: EscalationId) -> Response:
+    session, form = await acting(request)
+    try:
+        raw = json.loads(_text(form, "corrections", required=False, limit=64_000) or "{}")
+        corrections = {int(step): dict(fix) for step, fix in raw.items()}
+    except (ValueError, TypeError, AttributeError):
+        raise HTTPException(422, "corrections: not step -> {argument: value}") from None
+    actions.requeue(context(request), escalation_id, corrections, session.holder.name)
+    return render.go(request, f"/console/runs/{escalation_id.rpartition(':')[0]}")
+
+
+@router.post("/escalations/{escalation_id}/resolve")
+async def resolve(request: Request, escalation_id: EscalationId) -> Response:
+    session, form = await acting(request)
+    actions.resolve(context(request), escalation_id, _text(form, "note"), session.holder.name)
+    return render.go(request, f"/console/escalations/{escalation_id}")

@@ -1,0 +1,210 @@
+"""The console's pages: log in, the runs and escalations lists, a run, an escalation. Server
+rendered, usable without JavaScript; the run page updates itself while the run is live
+(``live.py``). Forms (``forms.py``) act; these only read.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from saga.errors import UnknownEscalationError, UnknownRunError
+from saga.listing import RunFilter, page_of_runs
+from saga.model import RunState
+from saga.queries import escalation_rows, hosted_doc
+from saga.web import actions, problems
+from saga.web.api.common import EscalationId, RunId
+from saga.web.auth import LOGIN_COOKIE, Session, context, find_session
+from saga.web.console import render
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+
+Handler = Callable[[Request, Exception], Awaitable[Response]]
+
+
+def viewer(request: Request) -> Session:
+    """The logged-in session; a page without one sends the browser to the login form."""
+    session = find_session(context(request), request)
+    if session is None:
+        raise HTTPException(303, "log in", headers={"Location": _login(request)})
+    return session
+
+
+def _login(request: Request) -> str:
+    return render.base(request) + "/console/login"
+
+
+@router.get("")
+@router.get("/")
+def home(request: Request) -> Response:
+    return render.go(request, "/console/runs")
+
+
+@router.get("/login")
+def login_form(request: Request, error: str = "") -> HTMLResponse:
+    """The login form. Its CSRF token is a random value also set as a login-only cookie."""
+    value = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
+    response = render.page(request, "login.html", None, login_csrf=value, error=error[:200])
+    render.set_login_cookie(request, response, value)
+    return response
+
+
+@router.get("/runs")
+def runs(
+    request: Request,
+    state: Annotated[list[RunState] | None, Query()] = None,
+    agent: Annotated[str | None, Query(max_length=200)] = None,
+    since: Annotated[str | None, Query(max_length=40)] = None,
+    until: Annotated[str | None, Query(max_length=40)] = None,
+    escalated: Annotated[str | None, Query(max_length=5)] = None,
+    cursor: Annotated[str | None, Query(max_length=400)] = None,
+) -> HTMLResponse:
+    session = viewer(request)
+    ctx = context(request)
+    where = RunFilter(
+        states=tuple(s.value for s in state or ()),
+        agent=agent or None,
+        since=_moment(since, "since"),
+        until=_moment(until, "until"),
+        escalated={"yes": True, "no": False}.get(escalated or ""),
+        limit=50,
+    )
+    listed = page_of_runs(ctx.store, ctx.records, where, cursor or None)
+    filters = {
+        "state": [s.value for s in state or ()],
+        "agent": agent or "",
+        "since": since or "",
+        "until": until or "",
+        "escalated": escalated or "",
+    }
+    query = [(k, v) for k, values in filters.items() for v in _many(values) if v]
+    return render.page(
+        request,
+        "runs.html",
+        session,
+        rows=listed.rows,
+        next_cursor=listed.next_cursor,
+        filters=filters,
+        states=[s.value for s in RunState],
+        query=query,
+    )
+
+
+def _many(value: Any) -> list[str]:
+    return value if isinstance(value, list) else [value]
+
+
+def _moment(text: str | None, field: str) -> float | None:
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise HTTPException(422, f"{field}: {text!r} is not a date (YYYY-MM-DD or ISO)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+@router.get("/runs/{run_id}")
+def run_page(request: Request, run_id: RunId) -> HTMLResponse:
+    session = viewer(request)
+    values = run_values(request, run_id)
+    return render.page(request, "run.html", session, **values)
+
+
+def run_values(request: Request, run_id: str) -> dict[str, Any]:
+    """What the run page (and each live update of it) shows."""
+    ctx = context(request)
+    doc = actions.the_run_doc(ctx, run_id)
+    hosted = hosted_doc(ctx.store, ctx.records, run_id)
+    escalations = ctx.records.escalations(run_id, open_only=True)
+    if doc["state"] == "escalated" and not escalations:
+        live = ctx.store.picture(run_id)
+        pending = f"{run_id}:{live.generation}" if live is not None else ""
+    else:
+        pending = ""
+    return {
+        "doc": doc,
+        "timeline": render.timeline_html(doc),
+        "hosted": hosted,
+        "approvals": (hosted or {}).get("pending_approvals", [])
+        if doc["state"] == "running"
+        else [],
+        "escalation": escalations[-1].escalation_id if escalations else pending,
+        "live_run": doc["state"] in ("running", "unwinding"),
+    }
+
+
+@router.get("/escalations")
+def escalations(
+    request: Request,
+    all: Annotated[str | None, Query(max_length=5)] = None,
+    run_id: Annotated[str | None, Query(max_length=128)] = None,
+    since: Annotated[str | None, Query(max_length=40)] = None,
+) -> HTMLResponse:
+    session = viewer(request)
+    rows = escalation_rows(
+        context(request).records,
+        open_only=not all,
+        run_id=run_id or None,
+        since=_moment(since, "since"),
+    )
+    return render.page(
+        request,
+        "escalations.html",
+        session,
+        rows=rows[:200],
+        everything=bool(all),
+        run_id=run_id or "",
+        since=since or "",
+    )
+
+
+@router.get("/approvals")
+def approvals(request: Request) -> HTMLResponse:
+    """Calls awaiting a person across the newest running runs; decided on each run's page."""
+    session = viewer(request)
+    pending = actions.pending_approvals(context(request))
+    return render.page(request, "approvals.html", session, approvals=pending)
+
+
+@router.get("/escalations/{escalation_id}")
+def escalation_page(request: Request, escalation_id: EscalationId) -> HTMLResponse:
+    session = viewer(request)
+    doc = actions.the_escalation(context(request), escalation_id)
+    return render.page(
+        request,
+        "escalation.html",
+        session,
+        doc=doc,
+        timeline=render.timeline_html(doc["run"]),
+        app_configured=bool(context(request).settings.app) or context(request)._saga is not None,
+    )
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+def or_page(handler: Handler) -> Handler:
+    """The API's error handler, or for a console path an HTML page saying the same."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        path = request.url.path[len(render.base(request)) :]
+        if not path.startswith("/console"):
+            return await handler(request, exc)
+        if isinstance(exc, HTTPException) and exc.status_code == 303:
+            return render.go(request, "/console/login")
+        answer = await handler(request, exc)
+        assert isinstance(answer, JSONResponse)
+        status = answer.status_code
+        if isinstance(exc, UnknownRunError | UnknownEscalationError):
+            status = 404
+        message = problems.message_of(exc) if not isinstance(exc, HTTPException) else exc.detail
+        session = find_session(context(request), request) if status != 503 else None
+        return render.page(request, "error.html", session, status=status, message=str(message))
+
+    return handle

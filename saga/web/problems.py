@@ -1,0 +1,133 @@
+"""How a refusal looks over HTTP: one JSON shape for every error, the status saying what kind.
+
+    {"error": "conflict", "message": "escalation run-1:0 is closed: ...", "field": null}
+
+``field`` names the input at fault (``body.reason``, ``query.cursor``, ``path.run_id``) when
+there is one. Saga's errors map to statuses here, in one table; nothing a refused request
+asked for has happened.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from fastapi import HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from kombu.exceptions import OperationalError as BrokerError
+from sqlalchemy.exc import OperationalError as DatabaseError
+
+from saga.errors import (
+    ApprovalError,
+    DispatchError,
+    InvalidCorrectionError,
+    InvalidCursorError,
+    InvalidRunIdError,
+    NoAppError,
+    OperationRefusedError,
+    PayloadError,
+    RunEndedError,
+    RunExistsError,
+    SagaError,
+    StoreUnavailableError,
+    TokenError,
+    UnknownAgentError,
+    UnknownEscalationError,
+    UnknownRunError,
+)
+
+_WORDS = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "invalid",
+    503: "unavailable",
+}
+
+#: Saga's errors, most specific first: (error, status, the input at fault).
+_STATUS: list[tuple[type[BaseException], int, str | None]] = [
+    (UnknownRunError, 404, None),
+    (UnknownEscalationError, 404, None),
+    (UnknownAgentError, 404, None),
+    (InvalidRunIdError, 422, None),
+    (InvalidCursorError, 422, "query.cursor"),
+    (InvalidCorrectionError, 422, "body.corrections"),
+    (PayloadError, 413, "body.input"),
+    (TokenError, 422, None),
+    (RunExistsError, 409, None),
+    (RunEndedError, 409, None),
+    (ApprovalError, 409, None),
+    (OperationRefusedError, 409, None),
+    (NoAppError, 503, None),
+    (DispatchError, 503, None),
+    (StoreUnavailableError, 503, None),
+]
+
+
+def problem(
+    status: int, message: str, field: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = {"error": _WORDS.get(status, "error"), "message": message, "field": field}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def status_of(exc: BaseException) -> tuple[int, str | None]:
+    """The HTTP status (and the field at fault) a saga error answers with; 500 for a bug."""
+    for kind, status, field in _STATUS:
+        if isinstance(exc, kind):
+            return status, field
+    if isinstance(exc, redis.RedisError | BrokerError | DatabaseError):
+        return 503, None
+    return 500, None
+
+
+def message_of(exc: BaseException) -> str:
+    status, _ = status_of(exc)
+    if isinstance(exc, redis.RedisError):
+        return "Redis does not answer"
+    if isinstance(exc, BrokerError):
+        return "the broker does not answer"
+    if isinstance(exc, DatabaseError):
+        return "the records database does not answer"
+    return str(exc) if status != 500 else "internal error (see the server's log)"
+
+
+def validation_field(errors: list[Any]) -> tuple[str, str]:
+    """The first invalid input as ``body.reason`` and what is wrong with it."""
+    first = errors[0] if errors else {}
+    location = ".".join(str(part) for part in first.get("loc", ()))
+    return location or "body", str(first.get("msg", "invalid input"))
+
+
+async def on_saga_error(request: Request, exc: Exception) -> JSONResponse:
+    status, field = status_of(exc)
+    return problem(status, message_of(exc), field)
+
+
+async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    field, message = validation_field(list(exc.errors()))
+    return problem(422, f"{field}: {message}", field)
+
+
+async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    return problem(exc.status_code, str(exc.detail), None, dict(exc.headers or {}))
+
+
+__all__ = [
+    "SagaError",
+    "message_of",
+    "on_http_error",
+    "on_saga_error",
+    "on_validation_error",
+    "problem",
+    "status_of",
+    "validation_field",
+]

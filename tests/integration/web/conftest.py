@@ -1,0 +1,132 @@
+"""One private deployment for the web tests: its own redis-server, a PostgreSQL schema of its
+own for the records, a tool worker (the demo app) and a turn worker (the hosted agents of
+``tests/integration/hosted_app.py``), and the web app over them with two tokens (``operate``
+named alice, ``read`` named bob). Built once for the package, torn down after it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
+
+from saga import RunState, Saga
+from saga.client import Client
+from saga.settings import Settings
+from saga.testing import WorkerProcess
+from saga.web import create_app, tokens
+from saga.web.settings import WebSettings
+from tasks import systems
+from tests.conftest import ROOT, service_missing
+from tests.integration.deployment import Deployment, deployment
+from tests.integration.helpers import demo_steps, wait_until
+
+POSTGRES_URL = os.environ.get(
+    "SAGA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+#: Where the browser tests leave their screenshots (gitignored).
+ARTEFACTS = Path(os.environ.get("SAGA_TEST_ARTEFACTS", ROOT / "test-artefacts"))
+
+
+@dataclass
+class Web:
+    deployment: Deployment
+    app: FastAPI
+    operate_token: str
+    read_token: str
+    database_url: str
+
+    @property
+    def saga(self) -> Saga:
+        return self.deployment.saga  # type: ignore[no-any-return]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.deployment.env)
+
+    def client(self, token: str | None = None) -> TestClient:
+        """A test client of the app, as a holder of ``token`` (https: the cookies are Secure)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return TestClient(self.app, base_url="https://testserver", headers=headers)
+
+    def escalated_run(self) -> str:
+        """A credit issued and the ticket set, the run aborted, the credit's reversal failing
+        for good (the billing service down): escalated, "compensation failed"."""
+        systems.clear_switches()
+        systems.reset()
+        run = self.saga.start_run()
+        demo_steps(run, upto=3)
+        systems.set_down("reversal")
+        run.abort("the customer cancelled")
+        self.recorded(run.run_id, RunState.ESCALATED)
+        return run.run_id
+
+    def recorded(self, run_id: str, state: RunState, timeout: float = 60) -> None:
+        wait_until(
+            lambda: (r := self.saga.records.run(run_id)) is not None and r.state == state.value,
+            timeout=timeout,
+            what=f"run {run_id} recorded {state.value}",
+        )
+
+
+def _schema() -> Iterator[str]:
+    schema = f"t_web_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 5})
+    try:
+        with admin.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        service_missing(f"no PostgreSQL at {POSTGRES_URL} ({exc.orig})")
+    separator = "&" if "?" in POSTGRES_URL else "?"
+    try:
+        yield f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="package")
+def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
+    for database_url in _schema():
+        data = tmp_path_factory.mktemp("web")
+        with deployment(data, {"SAGA_DATABASE_URL": database_url}) as made:
+            turns = WorkerProcess(
+                "tests.integration.hosted_app",
+                env=made.env,
+                pool="threads",
+                concurrency=10,
+                extra_args=["-Q", "saga.turns"],
+                logfile=data / "turns.log",
+                cwd=ROOT,
+            )
+            with turns:
+                client = Client(settings=Settings.from_env())
+                app = create_app(
+                    client=client,
+                    records=made.saga.records,
+                    saga=made.saga,
+                    settings=WebSettings(app="tasks.app:saga"),
+                )
+                operate, _ = tokens.create(made.saga.records, "alice", "operate")
+                read, _ = tokens.create(made.saga.records, "bob", "read")
+                yield Web(made, app, operate, read, database_url)
+                client.store.client.close()
+
+
+@pytest.fixture
+def fresh_world(web: Web) -> Iterator[None]:
+    """The demo's systems as new, no fault switched on, before and after the test."""
+    systems.clear_switches()
+    systems.reset()
+    yield
+    systems.clear_switches()

@@ -1,0 +1,280 @@
+"""The console in a real browser: Debian's headless Chromium, driven by Selenium through the
+system's chromedriver, against ``saga serve`` started as a subprocess on the package's private
+deployment. Chromium missing: skipped here, a failure in CI (``.ci/run`` installs it).
+
+Screenshots of the run and escalation pages go to ``test-artefacts/`` (``SAGA_TEST_ARTEFACTS``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from saga import RunState
+from saga.testing import free_port
+from tasks import systems
+from tests.conftest import ROOT, service_missing
+from tests.integration.web.conftest import ARTEFACTS, Web
+
+pytestmark = pytest.mark.timeout(180)
+
+CHROMIUM = os.environ.get("SAGA_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("SAGA_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
+#: Seconds a page may take to show what a test waits for.
+WAIT = 60
+
+
+@pytest.fixture(scope="module")
+def server(web: Web) -> Iterator[str]:
+    """``saga serve`` on a free port, ready (``/health/ready``), stopped by its PID."""
+    port = free_port()
+    env = {**os.environ, **web.env, "SAGA_APP": "tasks.app:saga", "SAGA_API_HOST": "127.0.0.1"}
+    log = (web.deployment.data / "serve.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "saga.cli", "serve", "--port", str(port)],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _ready(url, process)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        log.close()
+
+
+def _ready(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health/ready", timeout=5) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"saga serve did not become ready at {url}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium with a fresh profile, quit at the end."""
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        service_missing(
+            f"Chromium and its driver ({CHROMIUM}, {CHROMEDRIVER}) are needed for the console's "
+            "browser tests: apt-get install chromium chromium-driver"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="saga-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1280,1500",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(WAIT)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def log_in(browser: Any, server: str, token: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.delete_all_cookies()
+    browser.get(server + "/console/login")
+    browser.find_element(By.NAME, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "form button").click()
+    until(browser, lambda: browser.current_url.endswith("/console/runs"), "the runs page")
+
+
+def until(browser: Any, condition: Any, what: str) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, WAIT, poll_frequency=0.2).until(
+        lambda _: condition(), message=f"waiting for {what}"
+    )
+
+
+def text_of(browser: Any, css: str) -> str:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return str(browser.find_element(By.CSS_SELECTOR, css).text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
+
+
+def shot(browser: Any, name: str) -> None:
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    browser.set_window_size(1280, max(900, min(int(height) + 40, 2600)))
+    browser.save_screenshot(str(ARTEFACTS / name))
+    browser.set_window_size(1280, 1500)
+
+
+def test_requeue_an_escalated_run_and_watch_it_compensate(
+    web: Web, server: str, browser: Any, fresh_world: None
+) -> None:
+    """Log in; the escalated run shows its failed compensation; its escalation page offers
+    the requeue; once billing is back, the requeue (reviewed, then confirmed) lands on the
+    run page, which turns compensated by itself, without a reload."""
+    from selenium.webdriver.common.by import By
+
+    run_id = web.escalated_run()
+    log_in(browser, server, web.operate_token)
+    # The run: escalated, the reversal's undo failed (✗) after its attempts
+    browser.get(f"{server}/console/runs/{run_id}")
+    assert text_of(browser, "#run-state") == "escalated"
+    failed = text_of(browser, "#unwind tr.comp-failed")
+    assert "reverse_credit" in failed and "✗" in failed
+    assert "PIVOT" not in text_of(browser, "#timeline") and "UNWIND" in text_of(
+        browser, "#timeline"
+    )
+    shot(browser, "run-escalated.png")
+    # Its escalation: why, the failed undo with its errors, the requeue form
+    browser.find_element(By.PARTIAL_LINK_TEXT, "escalation").click()
+    until(browser, lambda: "/console/escalations/" in browser.current_url, "the escalation")
+    assert "compensation failed" in browser.page_source
+    shot(browser, "escalation.png")
+    # When billing is back (slowly, so the unwind is seen) and the requeue is confirmed
+    systems.set_down("reversal", False)
+    systems.set_delay("reversal", 1.5)
+    browser.find_element(By.CSS_SELECTOR, "#requeue-form button").click()
+    until(browser, lambda: "No argument changes" in browser.page_source, "the requeue's review")
+    browser.find_element(By.NAME, "confirm").click()
+    until(browser, lambda: browser.current_url.endswith(f"/console/runs/{run_id}"), "the run")
+    browser.execute_script("window.sagaTestMark = 'same page';")
+    # Then the page turns compensated by itself
+    until(browser, lambda: text_of(browser, "#run-state") == "compensated", "compensated")
+    assert browser.execute_script("return window.sagaTestMark") == "same page"
+    assert "✓" in text_of(browser, "#unwind")
+    web.recorded(run_id, RunState.COMPENSATED)
+
+
+def test_approve_a_pending_call_and_see_it_run(
+    web: Web, server: str, browser: Any, fresh_world: None
+) -> None:
+    """A hosted run waits for a person before its reply: the run page shows the call, its
+    arguments and hash; Approve sends it and the page shows the run complete."""
+
+    started = web.client(web.operate_token).post(
+        "/api/runs", json={"agent": "approver", "input": "please reply"}
+    )
+    run_id = started.json()["run_id"]
+    log_in(browser, server, web.operate_token)
+    browser.get(f"{server}/console/approvals")
+    until(browser, lambda: run_id in browser.page_source or _reload(browser), "the call listed")
+    browser.get(f"{server}/console/runs/{run_id}")
+    until(browser, lambda: "send_reply" in text_of(browser, ".approval"), "the call to approve")
+    shot(browser, "run-approval.png")
+    call_hash = until(browser, lambda: text_of(browser, ".approval .hash"), "the call's hash")
+    assert len(call_hash) == 64
+    until(browser, lambda: _click(browser, ".approval button[name=approve]"), "approve")
+    until(browser, lambda: text_of(browser, "#run-state") == "completed", "the run completed")
+    assert "Sent." in text_of(browser, ".transcript")
+    assert len(systems.outbox()) == 1
+
+
+def test_a_read_login_sees_no_buttons_and_a_forged_post_changes_nothing(
+    web: Web, server: str, browser: Any, fresh_world: None
+) -> None:
+    """bob (read) sees the run and the escalation without a single action; a form posted
+    without the CSRF token (by alice's session) or by bob is refused, and the run goes on."""
+    from selenium.webdriver.common.by import By
+
+    escalated = web.escalated_run()
+    running = web.saga.start_run()
+    log_in(browser, server, web.read_token)
+    for page in (f"/console/runs/{running.run_id}", f"/console/escalations/{escalated}:0"):
+        browser.get(server + page)
+        actions = [
+            f.get_attribute("action")
+            for f in browser.find_elements(By.CSS_SELECTOR, "form[method=post]")
+        ]
+        assert [a for a in actions if not a.endswith("/console/logout")] == [], page
+    # bob posting an abort, CSRF token and all: refused
+    _post(browser, f"/console/runs/{running.run_id}/abort", with_csrf=True)
+    assert "may only read" in browser.page_source
+    # alice's session, a form without the CSRF token: refused
+    log_in(browser, server, web.operate_token)
+    browser.get(f"{server}/console/runs/{running.run_id}")
+    assert browser.find_elements(By.CSS_SELECTOR, "form[action$='/abort']")
+    _post(browser, f"/console/runs/{running.run_id}/abort", with_csrf=False)
+    assert "CSRF" in browser.page_source
+    assert web.saga.store.head(running.run_id).state is RunState.RUNNING  # type: ignore[union-attr]
+    running.abort("test over")
+
+
+def _reload(browser: Any) -> bool:
+    browser.refresh()
+    return False
+
+
+def _click(browser: Any, css: str) -> bool:
+    """Click ``css`` (False if a live update replaced it under the pointer: try again)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        browser.find_element(By.CSS_SELECTOR, css).click()
+    except (NoSuchElementException, StaleElementReferenceException):
+        return False
+    return True
+
+
+def _post(browser: Any, path: str, *, with_csrf: bool) -> None:
+    """Submit a form the page did not offer, as a forgery would."""
+    browser.execute_script(
+        """
+        const form = document.createElement('form');
+        form.method = 'post';
+        form.action = arguments[0];
+        if (arguments[1]) {
+          const csrf = document.createElement('input');
+          csrf.name = 'csrf';
+          csrf.value = document.querySelector('input[name=csrf]').value;
+          form.appendChild(csrf);
+        }
+        document.body.appendChild(form);
+        form.submit();
+        """,
+        path,
+        with_csrf,
+    )
+    until(browser, lambda: "Refused" in browser.page_source, "the refusal")
