@@ -3,8 +3,8 @@
 A run is in Redis from its start until its keys expire (its retention after it ended), indexed
 by creation time (``saga:created``, written in the round trip that creates the run), and in
 SQL once it ended; where both have it, Redis is the fresher (a requeued run is unwinding in
-Redis while SQL still says escalated). One function answers ``saga runs``, ``Client.list_runs``, the HTTP API and the
-console.
+Redis while SQL still says escalated). One function answers ``saga runs``,
+``Client.list_runs``, the HTTP API and the console.
 
 Order and cursor: (created, run_id), both descending, the creation time in whole microseconds,
 the same number in Redis's index, the run's hash and its SQL row. A cursor names the last row
