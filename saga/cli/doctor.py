@@ -15,13 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import click
-import redis
-from rich.table import Table
-from rich.text import Text
-from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.exc import SQLAlchemyError
 
-from saga.cli.context import DEFAULT_APP, Env, ExitCode, Failure, emit_json, mask
+from saga.cli.context import Env, ExitCode, Failure, emit_json, mask
 from saga.constants import TURN_QUEUE
 from saga.errors import DatabaseSchemaError
 
@@ -52,6 +47,9 @@ class Check:
 def doctor(env: Env, as_json: bool) -> None:
     """Check Redis (reachable, AOF, noeviction), the broker, the database (reachable,
     migrated), workers and beat online, and the start-up guard's findings."""
+    from rich.table import Table
+    from rich.text import Text
+
     checks = run_checks(env)
     failed = [c for c in checks if c.status == "fail"]
     code = ExitCode.OK
@@ -100,6 +98,8 @@ def _probe(name: str, probe: Callable[[], Check]) -> Check:
 
 
 def _redis_checks(url: str, options: dict[str, Any]) -> list[Check]:
+    import redis
+
     client = redis.Redis.from_url(
         url,
         socket_timeout=TIMEOUT,
@@ -183,6 +183,9 @@ def _broker_check(app: Celery, url: str) -> Check:
 
 
 def _database_checks(url: str) -> list[Check]:
+    from sqlalchemy import create_engine, inspect, text
+    from sqlalchemy.exc import SQLAlchemyError
+
     arguments: dict[str, Any] = {}
     if url.startswith("postgresql"):
         arguments["connect_timeout"] = int(TIMEOUT)
@@ -249,7 +252,7 @@ def _beat_check(env: Env, saga: Saga | None) -> Check:
     def probe() -> Check:
         store = env.store
         last = store.last_reaper_pass()
-        module = (env.app_spec or DEFAULT_APP).partition(":")[0] if saga is not None else "APP"
+        module = env.app_spec.partition(":")[0] if saga is not None and env.app_spec else "APP"
         command = f"celery -A {module} beat"
         if last is None:
             return Check("beat", "fail", f"no reaper pass recorded yet: is `{command}` running?")
