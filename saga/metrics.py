@@ -38,6 +38,11 @@ _DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 90
 _DEPTH_BUCKETS = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0)
 
 
+def installed() -> bool:
+    """Whether prometheus-client could be imported (``--metrics-port`` refuses otherwise)."""
+    return prometheus_client is not None
+
+
 class _Metrics:
     def __init__(self) -> None:
         assert prometheus_client is not None

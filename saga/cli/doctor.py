@@ -228,14 +228,24 @@ def _migrations(url: str) -> Check:
 def _worker_checks(app: Celery, saga: Saga | None) -> list[Check]:
     try:
         replies = app.control.ping(timeout=TIMEOUT / 2) or []
-        queues = app.control.inspect(timeout=TIMEOUT / 2).active_queues() or {}
+        # Every reply, as a list: inspect() keys them by node name, so two workers started
+        # under the same name (celery@host) would count as one and hide its queues.
+        queues = app.control.broadcast("active_queues", reply=True, timeout=TIMEOUT / 2) or []
     except Exception as exc:
         return [Check("workers", "fail", f"could not ask them: {exc}", True)]
     names = sorted(name for reply in replies for name in reply)
     if not names:
         return [Check("workers", "fail", "no worker answered a ping")]
-    served = {q["name"] for found in queues.values() for q in found or []}
+    served = {q["name"] for reply in queues for found in reply.values() for q in found or []}
     checks = [Check("workers", "ok", f"{len(names)} online: {', '.join(names)}")]
+    shared = sorted({n for n in names if names.count(n) > 1})
+    if shared:
+        detail = (
+            f"several workers answer as {', '.join(shared)}: give each its own -n "
+            "(e.g. -n tools@%h, -n turns@%h), or Flower shows one and remote control "
+            "reaches one"
+        )
+        checks.append(Check("worker names", "warn", detail))
     default = str(app.conf.task_default_queue or "celery")
     if default not in served:
         checks.append(Check("tool queue", "fail", f"no worker consumes {default!r} (tools)"))

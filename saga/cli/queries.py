@@ -189,7 +189,10 @@ def run_doc(store: RunStore | None, records: RecordStore, run_id: str) -> RunDoc
     escalations = records.escalations(run_id)
     if run is None and not escalations:
         return None
-    return run_document_from_records(run, escalations)
+    doc = run_document_from_records(run, escalations)
+    if store is None:
+        doc["redis_unreachable"] = True
+    return doc
 
 
 def find_escalation(records: RecordStore, escalation_id: str) -> EscalationRecord | None:
@@ -220,7 +223,10 @@ def escalation_doc(
             return None
         return escalation_package(None, picture, command=command, corrections=corrections)
     run = records.run(run_id) if picture is None else None
-    return escalation_package(record, picture, run, command=command, corrections=corrections)
+    package = escalation_package(record, picture, run, command=command, corrections=corrections)
+    if store is None:
+        package["run"]["redis_unreachable"] = True
+    return package
 
 
 def escalation_rows(

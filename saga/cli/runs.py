@@ -112,7 +112,8 @@ def show(env: Env, run_id: str, as_json: bool) -> None:
         return
     env.console.print(run_card(doc), crop=False)
     for escalation in env.records.escalations(run_id, open_only=True):
-        env.console.print(
+        env.console.print(  # one line, however long: it is a command to copy
             f"\nescalation {escalation.escalation_id} is open: "
-            f"{env.command()} escalation show {escalation.escalation_id}"
+            f"{env.command()} escalation show {escalation.escalation_id}",
+            soft_wrap=True,
         )

@@ -273,3 +273,57 @@ def test_a_bad_run_id_or_set_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -
     assert _invoke(monkeypatch, saga, "requeue", "a run").exit_code == ExitCode.USAGE
     assert _invoke(monkeypatch, saga, "requeue", "r", "--set", "oops").exit_code == ExitCode.USAGE
     assert saga.calls == []
+
+
+# -- the listing's layout ------------------------------------------------------------------------
+
+
+def _rows() -> list[Any]:
+    from saga.cli.queries import RunRow
+
+    tools = ("get_order", "issue_credit", "set_ticket_status", "send_reply", "notify_webhook")
+    return [
+        RunRow(
+            run_id=f"{i:032x}",
+            state=state,
+            reason=reason,
+            agent="refund" if i % 2 else "",
+            created=1_764_000_000.0 + i,
+            ended=None,
+            tools=tools[: 2 + i % 4],
+            source="database",
+            escalation=f"{i:032x}:1" if state == "escalated" else "",
+        )
+        for i, (state, reason) in enumerate(
+            [
+                ("escalated", "compensation failed"),
+                ("compensated", "step 4 failed"),
+                ("escalated", "failed after an irreversible step"),
+                ("completed", ""),
+                ("escalated", "step 3 in doubt: no lookup declared for set_ticket_status"),
+            ]
+        )
+    ]
+
+
+@pytest.mark.parametrize("width", [120, 140, 200])
+def test_runs_wrap_between_words_never_inside_one(width: int) -> None:
+    import io
+
+    from rich.console import Console
+
+    from saga.cli.runs import runs_table
+
+    rows = _rows()
+    out = io.StringIO()
+    Console(file=out, width=width, highlight=False).print(runs_table(rows))
+    lines = out.getvalue().splitlines()
+    # Every word of every cell is on one line, whole: ids, states, times, tools, reasons
+    printed = {word.strip("│┃|, ") for line in lines for word in line.split()}
+    for row in rows:
+        assert row.run_id in printed and row.state in printed
+        for tool in row.tools:
+            assert tool in printed, (tool, width)
+        for word in row.reason.replace(":", " ").split():
+            assert any(word in p for p in printed), (word, width)
+    assert all(len(line) <= width for line in lines)
