@@ -63,3 +63,10 @@ def test_every_api_route_but_the_read_only_ones_is_refused() -> None:
     ):
         assert guarded[control] == "Refused"
     assert guarded["/metrics"] == "AuthenticatedMetrics"
+
+
+def test_the_app_comes_from_saga_app_without_a() -> None:
+    argv, _ = plan(["--port=5555"], {BASIC_AUTH_ENV: "ops:pw", "SAGA_APP": "myproject.worker:saga"})
+    assert argv == ["celery", "-A", "myproject.worker", "flower", "--port=5555"]
+    with pytest.raises(ConfigurationError, match="SAGA_APP"):
+        plan(["--port=5555"], {BASIC_AUTH_ENV: "ops:pw"})
