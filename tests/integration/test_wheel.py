@@ -47,6 +47,17 @@ PASSWORD = "p@ss:w/rd%40#frag?x=1 y"
 APP = "refunds_app"
 PIP = (sys.executable, "-m", "pip")
 
+
+def _clean_env() -> dict[str, str]:
+    """This environment without what points Python or pip at the checkout (the test session
+    sets PYTHONPATH to it: pip would then find saga "already installed" there)."""
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PYTHON", "PIP_", "VIRTUAL_ENV", "SAGA_"))
+    }
+
+
 APP_SOURCE = '''
 """A project's own saga app: two tools and a compensation, its own module name."""
 import json, os
@@ -201,22 +212,32 @@ def installed(
     directory, beside an app directory of the project's own."""
     port, secrets = secured_redis
     base = tmp_path_factory.mktemp("newcomer")
-    dist = base / "dist"
+    dist, source = base / "dist", base / "source"
+    # Built from a copy of what the package is made of (setuptools builds in-tree, and the
+    # checkout must not get a build/ directory).
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        source.mkdir(exist_ok=True)
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "saga", source / "saga", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
-        [*PIP, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
+        [*PIP, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(source)],
         check=True,
         timeout=180,
         capture_output=True,
+        env=_clean_env(),
     )
     [wheel] = dist.glob("saga-*.whl")
     venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, env=_clean_env()
+    )
     python = venv / "bin" / "python"
     subprocess.run(
         [*PIP, "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
         check=True,
         timeout=120,
         capture_output=True,
+        env=_clean_env(),
     )
     # The dependencies (celery, redis, SQLAlchemy, ...) from this environment, after the
     # virtualenv's own site-packages: saga itself is found in the wheel's files first.
