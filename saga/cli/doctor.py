@@ -227,16 +227,16 @@ def _migrations(url: str) -> Check:
 
 def _worker_checks(app: Celery, saga: Saga | None) -> list[Check]:
     try:
-        replies = app.control.ping(timeout=TIMEOUT / 2) or []
-        # Every reply, as a list: inspect() keys them by node name, so two workers started
-        # under the same name (celery@host) would count as one and hide its queues.
-        queues = app.control.broadcast("active_queues", reply=True, timeout=TIMEOUT / 2) or []
+        # One broadcast (its replies name the workers too), every reply kept as a list:
+        # inspect() keys them by node name, so two workers started under the same name
+        # (celery@host) would count as one and hide its queues.
+        replies = app.control.broadcast("active_queues", reply=True, timeout=TIMEOUT / 2) or []
     except Exception as exc:
         return [Check("workers", "fail", f"could not ask them: {exc}", True)]
     names = sorted(name for reply in replies for name in reply)
     if not names:
-        return [Check("workers", "fail", "no worker answered a ping")]
-    served = {q["name"] for reply in queues for found in reply.values() for q in found or []}
+        return [Check("workers", "fail", "no worker answered")]
+    served = {q["name"] for reply in replies for found in reply.values() for q in found or []}
     checks = [Check("workers", "ok", f"{len(names)} online: {', '.join(names)}")]
     shared = sorted({n for n in names if names.count(n) > 1})
     if shared:
