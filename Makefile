@@ -10,7 +10,14 @@ INSTALLED := $(VENV)/.installed
 RUNS ?=
 SEED ?= 1
 
-.PHONY: install demo test lint bench bench-agents chaos modelcheck worker turns beat flower clean
+# The demo's Saga: what the saga commands (requeue, resolve, reap) import, and whose module the
+# worker, beat and Flower run. One variable, as in compose.yaml.
+export SAGA_APP ?= tasks.app:saga
+APP_MODULE = $(firstword $(subst :, ,$(SAGA_APP)))
+# The image's dependencies (Dockerfile), pinned with hashes: `make lock` after changing them.
+LOCK_EXTRAS := postgres metrics flower openai anthropic api
+
+.PHONY: install demo test lint bench bench-agents chaos modelcheck worker turns beat flower lock clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,20 +58,27 @@ JOBS ?= 2
 modelcheck: $(INSTALLED)
 	$(BIN)/python -m tests.reliability.modelcheck --examples $(EXAMPLES) --seed $(SEED) --jobs $(JOBS)
 
+# Each worker has a node name of its own (-n): two under one name hide each other from Flower
+# and from `saga doctor`.
 worker: $(INSTALLED)
-	$(BIN)/celery -A tasks.app worker -Q celery -E --loglevel INFO
+	$(BIN)/celery -A $(APP_MODULE) worker -n tools@%h -Q celery -E --loglevel INFO
 
 # Hosted agents' turns: a threads pool on its own queue (a model call never holds a prefork slot).
 turns: $(INSTALLED)
-	$(BIN)/celery -A tasks.app worker -P threads -c 50 -Q saga.turns -E --loglevel INFO
+	$(BIN)/celery -A $(APP_MODULE) worker -n turns@%h -P threads -c 50 -Q saga.turns -E --loglevel INFO
 
 beat: $(INSTALLED)
-	$(BIN)/celery -A tasks.app beat --loglevel INFO
+	$(BIN)/celery -A $(APP_MODULE) beat --loglevel INFO
 
 # Read-only Flower behind SAGA_FLOWER_BASIC_AUTH=user:password (or, on a development machine,
 # SAGA_FLOWER_INSECURE_LOCAL=1: no password, 127.0.0.1 only). docs/deployment.md.
 flower: $(INSTALLED)
-	$(BIN)/python -m saga.integrations.flower -A tasks.app --port=5555
+	$(BIN)/python -m saga.integrations.flower -A $(APP_MODULE) --port=5555
+
+lock: $(INSTALLED)
+	printf 'setuptools>=77\n' | $(BIN)/uv pip compile pyproject.toml - \
+		$(foreach extra,$(LOCK_EXTRAS),--extra $(extra)) --generate-hashes \
+		--python-version 3.11 --python-platform linux --quiet -o requirements.lock
 
 clean:
 	rm -rf $(VENV) .demo-data .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -5,7 +5,11 @@ stack; a failure unwinds the stack in reverse order, and past the pivot (the fir
 step) a person gets the whole picture instead.
 """
 
-from saga.engine import Saga
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from saga.errors import (
     CallRefusedError,
     CompensationBuildError,
@@ -42,15 +46,54 @@ from saga.errors import (
     UnknownToolError,
     WaitTimeoutError,
 )
-from saga.hooks import SagaHooks
 from saga.model import CompensationState, RunState, StepContext, StepState, ToolClass, Undo
-from saga.picture import CompensationRecord, RunPicture, StepRecord
-from saga.reaper import ReapReport
-from saga.records import ActionRecord, EscalationRecord, RecordStore, RunRecord
-from saga.retry import RetryPolicy
-from saga.runs import Run, StepHandle
-from saga.settings import Settings
-from saga.tools import Tool, ToolRegistry
+
+if TYPE_CHECKING:
+    from saga.engine import Saga
+    from saga.hooks import SagaHooks
+    from saga.picture import CompensationRecord, RunPicture, StepRecord
+    from saga.reaper import ReapReport
+    from saga.records import ActionRecord, EscalationRecord, RecordStore, RunRecord
+    from saga.retry import RetryPolicy
+    from saga.runs import Run, StepHandle
+    from saga.settings import Settings
+    from saga.tools import Tool, ToolRegistry
+
+#: The names whose modules need Celery, Redis, SQLAlchemy or pydantic: imported on first use,
+#: so ``import saga`` stays cheap for what needs none of them (the ``saga`` command's
+#: read-only path, a web app that only imports ``saga.client``).
+_LAZY = {
+    "Saga": "saga.engine",
+    "SagaHooks": "saga.hooks",
+    "CompensationRecord": "saga.picture",
+    "RunPicture": "saga.picture",
+    "StepRecord": "saga.picture",
+    "ReapReport": "saga.reaper",
+    "ActionRecord": "saga.records",
+    "EscalationRecord": "saga.records",
+    "RecordStore": "saga.records",
+    "RunRecord": "saga.records",
+    "RetryPolicy": "saga.retry",
+    "Run": "saga.runs",
+    "StepHandle": "saga.runs",
+    "Settings": "saga.settings",
+    "Tool": "saga.tools",
+    "ToolRegistry": "saga.tools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'saga' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     # Declaring tools

@@ -26,6 +26,7 @@ import ssl
 from typing import Any
 
 from saga.constants import AGENT_TURN_TASK, REAP_TASK, START_UNWIND_TASK, TURN_QUEUE
+from saga.settings import DEFAULT_REDIS_URL, redis_url_from_env
 
 __all__ = [
     "accept_content",
@@ -54,10 +55,10 @@ __all__ = [
     "worker_send_task_events",
 ]
 
-_redis = os.environ.get("SAGA_REDIS_URL", "redis://localhost:6379/0")
-
-broker_url = os.environ.get("SAGA_BROKER_URL", _redis)
-result_backend = os.environ.get("SAGA_RESULT_BACKEND", broker_url)
+# SAGA_REDIS_PASSWORD (or SAGA_REDIS_PASSWORD_FILE) goes into each URL that has none, escaped.
+_redis = redis_url_from_env("SAGA_REDIS_URL", DEFAULT_REDIS_URL)
+broker_url = redis_url_from_env("SAGA_BROKER_URL", _redis)
+result_backend = redis_url_from_env("SAGA_RESULT_BACKEND", broker_url)
 
 task_serializer = "json"
 result_serializer = "json"

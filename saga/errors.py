@@ -147,6 +147,15 @@ class ConfigurationError(SagaError):
     """The worker's configuration would break the saga's guarantees; it refuses to start."""
 
 
+class MissingExtraError(SagaError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+    def __init__(self, message: str, *, extra: str = "", module: str = "") -> None:
+        super().__init__(message)
+        self.extra = extra
+        self.module = module
+
+
 class InjectedFaultError(SagaError):
     """A failure injected by ``saga.testing.Faults``; only ever raised in tests."""
 

@@ -40,6 +40,11 @@ _DEPTH_BUCKETS = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0)
 _TASK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
+def installed() -> bool:
+    """Whether prometheus-client could be imported (``--metrics-port`` refuses otherwise)."""
+    return prometheus_client is not None
+
+
 class _Metrics:
     def __init__(self) -> None:
         assert prometheus_client is not None

@@ -14,7 +14,6 @@ from typing import Any, cast
 
 from sqlalchemy.orm import Session
 
-from saga.agents.turn_state import document
 from saga.escalations import (
     EscalationDoc,
     RunDoc,
@@ -46,7 +45,10 @@ def run_doc(store: RunStore | None, records: RecordStore, run_id: str) -> RunDoc
     escalations = records.escalations(run_id)
     if run is None and not escalations:
         return None
-    return run_document_from_records(run, escalations)
+    doc = run_document_from_records(run, escalations)
+    if store is None:
+        doc["redis_unreachable"] = True
+    return doc
 
 
 def find_escalation(records: RecordStore, escalation_id: str) -> EscalationRecord | None:
@@ -77,7 +79,10 @@ def escalation_doc(
             return None
         return escalation_package(None, picture, command=command, corrections=corrections)
     run = records.run(run_id) if picture is None else None
-    return escalation_package(record, picture, run, command=command, corrections=corrections)
+    package = escalation_package(record, picture, run, command=command, corrections=corrections)
+    if store is None:
+        package["run"]["redis_unreachable"] = True
+    return package
 
 
 def escalation_rows(
@@ -107,6 +112,8 @@ def escalation_summary(row: EscalationRecord) -> dict[str, Any]:
 def hosted_doc(store: RunStore | None, records: RecordStore, run_id: str) -> dict[str, Any] | None:
     """A hosted run's input, turns, usage and pending approvals (``saga.agents``' document):
     from its live keys, else as its record kept it; None for a run no agent drove."""
+    from saga.agents.turn_state import document  # the hosted loop, only for a hosted run
+
     picture = store.picture(run_id) if store is not None else None
     if picture is not None:
         return document(picture)

@@ -101,7 +101,9 @@ def conclusion(picture: RunPicture) -> tuple[RunState, str]:
         return RunState.ESCALATED, REASON_COMPENSATION_FAILED
     if picture.doubt:
         return RunState.ESCALATED, picture.doubt
-    return RunState.COMPENSATED, ""
+    # A requeued run that compensates goes back to what set it failing ("step 4 failed"),
+    # kept as its cause when it escalated: the verdict "compensation failed" no longer holds.
+    return RunState.COMPENSATED, picture.cause
 
 
 def not_undone(picture: RunPicture) -> list[dict[str, Any]]:

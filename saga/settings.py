@@ -8,8 +8,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Self
+from urllib.parse import quote, urlsplit, urlunsplit
 
+from saga.errors import ConfigurationError
 from saga.notifications.settings import NotifySettings
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -51,6 +54,49 @@ def _env_flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name} must be 1 or 0, got {raw!r}")
 
 
+def secret_from_env(name: str) -> str | None:
+    """``NAME``, or the content of the file ``NAME_FILE`` names (a container's secret, its
+    trailing newline dropped); None when neither is set."""
+    value = os.environ.get(name)
+    path = os.environ.get(f"{name}_FILE")
+    if value and path:
+        raise ConfigurationError(f"set {name} or {name}_FILE, not both")
+    if path:
+        try:
+            return Path(path).read_text().rstrip("\n")
+        except OSError as exc:
+            raise ConfigurationError(f"{name}_FILE: cannot read {path}: {exc}") from None
+    return value or None
+
+
+def with_password(url: str, password: str | None) -> str:
+    """``url`` with ``password`` in it, percent-encoded (so ``@ : / % #`` survive), unless it
+    has one of its own. The user name stays as the URL gives it (``redis://worker@redis``
+    logs in as the ACL user ``worker``; none is Redis's ``default`` user)."""
+    if not password:
+        return url
+    parts = urlsplit(url)
+    if parts.password is not None or not parts.hostname:
+        return url
+    user = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{user}:{quote(password, safe='')}@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def redis_url_from_env(name: str, default: str) -> str:
+    """A Redis URL (``SAGA_REDIS_URL``, ``SAGA_BROKER_URL``, ``SAGA_RESULT_BACKEND``) with
+    ``SAGA_REDIS_PASSWORD`` (or ``SAGA_REDIS_PASSWORD_FILE``) put in, escaped."""
+    url = os.environ.get(name) or default
+    return with_password(url, secret_from_env("SAGA_REDIS_PASSWORD"))
+
+
+def database_url_from_env() -> str:
+    """``SAGA_DATABASE_URL`` with ``SAGA_DATABASE_PASSWORD`` (or ``..._FILE``) put in."""
+    url = os.environ.get("SAGA_DATABASE_URL") or DEFAULT_DATABASE_URL
+    return with_password(url, secret_from_env("SAGA_DATABASE_PASSWORD"))
+
+
 @dataclass(frozen=True)
 class Settings:
     #: Redis holding the compensation stacks (workflow state, so never an evicting instance).
@@ -87,6 +133,9 @@ class Settings:
     redis_options: dict[str, object] = field(default_factory=dict)
     #: Who is told of escalations besides the ERROR log (``SAGA_NOTIFY_*``).
     notifications: NotifySettings = field(default_factory=NotifySettings)
+    #: ``module[:attr]`` of the application's ``Saga`` (``SAGA_APP``): the ``--app`` of the
+    #: ``saga`` commands an escalation prints. Empty: found among the imported modules.
+    app: str = ""
 
     def __repr__(self) -> str:
         """Every setting, the URLs' passwords masked: a Settings is logged and shown."""
@@ -100,7 +149,8 @@ class Settings:
     def from_env(cls) -> Self:
         """Read ``SAGA_REDIS_URL`` (falling back to ``SAGA_BROKER_URL``) and the rest."""
         env = os.environ
-        redis_url = env.get("SAGA_REDIS_URL") or env.get("SAGA_BROKER_URL") or DEFAULT_REDIS_URL
+        broker_url = env.get("SAGA_BROKER_URL") or DEFAULT_REDIS_URL
+        redis_url = redis_url_from_env("SAGA_REDIS_URL", broker_url)
         redis_options: dict[str, object] = {}
         if redis_url.startswith("rediss://"):
             # Certificates are always checked; the files come from the same variables as the
@@ -115,7 +165,7 @@ class Settings:
                     redis_options[option] = env[name]
         return cls(
             redis_url=redis_url,
-            database_url=env.get("SAGA_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            database_url=database_url_from_env(),
             retention_seconds=_env_int("SAGA_RETENTION_SECONDS", cls.retention_seconds),
             max_payload_bytes=_env_int("SAGA_MAX_PAYLOAD_BYTES", cls.max_payload_bytes),
             max_transcript_bytes=_env_int("SAGA_MAX_TRANSCRIPT_BYTES", cls.max_transcript_bytes),
@@ -129,4 +179,5 @@ class Settings:
             turn_events=_env_flag("SAGA_TURN_EVENTS", cls.turn_events),
             redis_options=redis_options,
             notifications=NotifySettings.from_env(),
+            app=env.get("SAGA_APP", "").strip(),
         )

@@ -177,6 +177,21 @@ def _delays(saga: Saga) -> dict[str, RetryPolicy]:
 METRICS_PORT_OPTION = "--metrics-port"
 
 
+def _metrics_port_needs_the_client(ctx: Any, param: Any, value: int | None) -> int | None:
+    """Refuse ``--metrics-port`` (or ``SAGA_METRICS_PORT``) at once, naming the extra, when
+    prometheus-client is not installed: a worker without the endpoint it was asked for would
+    look healthy while nothing scrapes it."""
+    import click
+
+    if value is not None and not metrics.installed():
+        raise click.BadParameter(
+            "needs prometheus-client, which is not installed: pip install 'saga[metrics]'",
+            ctx,
+            param,
+        )
+    return value
+
+
 def _install_metrics(app: Celery, saga: Saga) -> None:
     """The worker option, and the server started in the worker's main process before the
     pool forks (its children write multiprocess files the server sums)."""
@@ -190,6 +205,7 @@ def _install_metrics(app: Celery, saga: Saga) -> None:
                 type=int,
                 default=None,
                 envvar="SAGA_METRICS_PORT",
+                callback=_metrics_port_needs_the_client,
                 help="Serve saga's Prometheus metrics on this port (SAGA_METRICS_ADDR: address).",
             )
         )
@@ -202,7 +218,13 @@ def _install_metrics(app: Celery, saga: Saga) -> None:
         if port is None:
             return
         address = os.environ.get("SAGA_METRICS_ADDR") or "127.0.0.1"
-        servers.append(metrics.MetricsServer(int(port), address, lambda: _open_escalations(saga)))
+        try:
+            server = metrics.MetricsServer(int(port), address, lambda: _open_escalations(saga))
+        except Exception as exc:  # Celery logs a signal handler's error and starts anyway
+            raise SystemExit(
+                f"saga: refusing to start: {METRICS_PORT_OPTION} {port}: {exc}"
+            ) from exc
+        servers.append(server)
 
     def stop(**_: Any) -> None:
         while servers:

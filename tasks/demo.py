@@ -43,11 +43,13 @@ def show_run(saga: Any, picture: Any) -> None:
     """The run's timeline and, if it escalated, its card: what ``saga show`` and
     ``saga escalation show`` print, from the same renderer."""
     from saga.escalations import escalation_package, run_card, run_document, to_rich
+    from saga.escalations.invocation import command_for
 
     console = Console(highlight=False, width=120)
     escalations = saga.records.escalations(picture.run_id, open_only=True)
     for escalation in escalations:  # the card holds the timeline
-        console.print(to_rich(escalation_package(escalation, picture)), crop=False)
+        package = escalation_package(escalation, picture, command=command_for(saga))
+        console.print(to_rich(package), crop=False)
     if not escalations:
         console.print(run_card(run_document(picture)), crop=False)
 

@@ -1,8 +1,13 @@
 """What every command shares: exit codes, how the app and the stores are found, output.
 
 Read-only commands need nothing but the URLs (``SAGA_REDIS_URL``, ``SAGA_DATABASE_URL``): they
-never import the application. Commands that act on runs (requeue, reap) need its ``Saga``, for
-the tool registry: ``--app module:attr``, ``SAGA_APP``, or ``tasks.app:saga`` when importable.
+never import the application. Commands that act on runs (requeue, resolve, reap) need its
+``Saga``, for the tool registry: ``--app module:attr`` (on the group or on the command) or
+``SAGA_APP``. There is no default: a guessed app is someone else's.
+
+This module, and every command module at import, stays light (click and the standard library):
+``saga --help`` and the read-only commands import Redis, SQLAlchemy and rich only when they use
+them, and never Celery.
 """
 
 from __future__ import annotations
@@ -19,17 +24,17 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-from rich.console import Console
-
-from saga.settings import Settings
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from saga.engine import Saga
     from saga.records import RecordStore
+    from saga.settings import Settings
     from saga.stack import RunStore
 
-#: The app the demo (and ``make worker``) runs; used when nothing names another.
-DEFAULT_APP = "tasks.app:saga"
+#: How ``--app`` is written (shown in the errors).
+APP_EXAMPLE = "myproject.worker:saga"
 
 
 class ExitCode(IntEnum):
@@ -44,12 +49,16 @@ class ExitCode(IntEnum):
     NOT_FOUND = 3
     #: Redis, the broker or the records database did not answer.
     UNREACHABLE = 4
+    #: An optional dependency the command needs is not installed (the message names the
+    #: extra: ``pip install 'saga[postgres]'``).
+    MISSING_EXTRA = 5
 
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 the thing asked for is in a bad state (doctor found a problem, a "
     "requeue escalated again, nothing to requeue, already resolved); 2 bad usage or input; "
-    "3 not found; 4 a service (Redis, broker, database) unreachable."
+    "3 not found; 4 a service (Redis, broker, database) unreachable; 5 an optional "
+    "dependency missing (the message names the extra to install)."
 )
 
 
@@ -73,7 +82,7 @@ class Env:
     the application, and never connects to what it does not read)."""
 
     app_spec: str | None
-    console: Console
+    _console: Console | None = None
     _saga: Saga | None = None
     _settings: Settings | None = None
     _store: RunStore | None = None
@@ -81,32 +90,36 @@ class Env:
     _opened: list[Any] = field(default_factory=list)
 
     @property
-    def explicit_app(self) -> bool:
-        return self.app_spec is not None
+    def console(self) -> Console:
+        if self._console is None:
+            self._console = make_console()
+        return self._console
 
     @property
     def settings(self) -> Settings:
         if self._saga is not None:
             return self._saga.settings
         if self._settings is None:
+            from saga.settings import Settings
+
             self._settings = Settings.from_env()
         return self._settings
 
     def saga(self) -> Saga:
-        """The application's ``Saga``; exit 2 when none can be loaded."""
+        """The application's ``Saga``; exit 2 when none is named or it cannot be loaded."""
         if self._saga is None:
-            self._saga = load_saga(self.app_spec or DEFAULT_APP, explicit=self.explicit_app)
+            if not self.app_spec:
+                raise Failure(
+                    "this command needs the application's Saga: name it with --app "
+                    f"module:attr (e.g. --app {APP_EXAMPLE}) or SAGA_APP",
+                    ExitCode.USAGE,
+                )
+            self._saga = load_saga(self.app_spec)
         return self._saga
 
     def saga_if_any(self) -> Saga | None:
-        """The ``Saga`` if one can be found; None when no app is named and the default is not
-        importable (an app named explicitly that fails to load still exits 2)."""
-        try:
-            return self.saga()
-        except Failure:
-            if self.explicit_app:
-                raise
-            return None
+        """The ``Saga`` if one is named (one named that fails to load still exits 2)."""
+        return self.saga() if self.app_spec else None
 
     @property
     def store(self) -> RunStore:
@@ -130,7 +143,11 @@ class Env:
         try:
             self.store.client.ping()
         except redis.RedisError as exc:
-            click.echo(f"saga: Redis does not answer ({exc}): showing the records only", err=True)
+            click.echo(
+                f"saga: Redis does not answer ({exc}): showing the records only "
+                "(what is live in Redis is not shown)",
+                err=True,
+            )
             return None
         return self.store
 
@@ -149,8 +166,10 @@ class Env:
         return self._records
 
     def command(self) -> str:
-        """How to invoke ``saga`` again here (with the ``--app`` this one was given)."""
-        return f"saga --app {self.app_spec}" if self.app_spec else "saga"
+        """How to invoke ``saga`` again here (with the app this one was given)."""
+        from saga.escalations.invocation import saga_command
+
+        return saga_command(self.app_spec or "")
 
     def close(self) -> None:
         for thing in self._opened:
@@ -159,25 +178,23 @@ class Env:
                 closer()
 
 
-def load_saga(spec: str, *, explicit: bool = True) -> Saga:
+def load_saga(spec: str) -> Saga:
     """``module:attr`` (``attr`` defaults to ``saga``) → the ``Saga`` it names. Imported from
     the current directory too, as ``celery -A`` does."""
     from saga.engine import Saga
 
     module_name, _, attr = spec.partition(":")
     if not module_name:
-        raise Failure(f"--app {spec!r}: expected module:attr, e.g. {DEFAULT_APP}", ExitCode.USAGE)
+        raise Failure(f"--app {spec!r}: expected module:attr, e.g. {APP_EXAMPLE}", ExitCode.USAGE)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if not explicit and exc.name is not None and module_name.startswith(exc.name):
-            raise Failure(
-                "no app: name its Saga with --app module:attr or SAGA_APP "
-                f"({DEFAULT_APP} is not importable here)",
-                ExitCode.USAGE,
-            ) from exc
+        from saga.extras import extra_for
+
+        if exc.name is not None and extra_for(exc.name) is not None:
+            raise  # the app needs an optional dependency: exit 5, naming it
         raise Failure(f"cannot import the app {spec}: {exc}", ExitCode.USAGE) from exc
     found: Any = module
     for part in (attr or "saga").split("."):
@@ -247,6 +264,8 @@ def corrections_from(assignments: list[str]) -> dict[int, dict[str, Any]]:
 
 def make_console() -> Console:
     """Colour on a terminal; piped, plain text 120 columns wide (tables fit, nothing wraps)."""
+    from rich.console import Console
+
     if sys.stdout.isatty():
         return Console(highlight=False)
     return Console(highlight=False, width=int(os.environ.get("COLUMNS") or 120))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import click
 
 from saga.cli.context import Env, bad_state, emit_json, mask
-from saga.records import migrations
 
 
 @click.group()
@@ -23,6 +22,8 @@ def db() -> None:
 @click.pass_obj
 def upgrade(env: Env, as_json: bool) -> None:
     """Bring the records database (SAGA_DATABASE_URL) to this version's head."""
+    from saga.records import migrations
+
     url = env.settings.database_url
     before, head = migrations.status(url)
     migrations.upgrade(url)
@@ -39,6 +40,8 @@ def upgrade(env: Env, as_json: bool) -> None:
 @click.pass_obj
 def status(env: Env, as_json: bool) -> None:
     """Say the records database's revision and this version's head (exit 1 if they differ)."""
+    from saga.records import migrations
+
     url = env.settings.database_url
     current, head = migrations.status(url)
     if as_json:

@@ -15,13 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import click
-import redis
-from rich.table import Table
-from rich.text import Text
-from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.exc import SQLAlchemyError
 
-from saga.cli.context import DEFAULT_APP, Env, ExitCode, Failure, emit_json, mask
+from saga.cli.context import Env, ExitCode, Failure, emit_json, mask
 from saga.constants import TURN_QUEUE
 from saga.errors import DatabaseSchemaError
 
@@ -52,6 +47,9 @@ class Check:
 def doctor(env: Env, as_json: bool) -> None:
     """Check Redis (reachable, AOF, noeviction), the broker, the database (reachable,
     migrated), workers and beat online, and the start-up guard's findings."""
+    from rich.table import Table
+    from rich.text import Text
+
     checks = run_checks(env)
     failed = [c for c in checks if c.status == "fail"]
     code = ExitCode.OK
@@ -103,6 +101,8 @@ def _probe(name: str, probe: Callable[[], Check]) -> Check:
 
 
 def _redis_checks(url: str, options: dict[str, Any]) -> list[Check]:
+    import redis
+
     client = redis.Redis.from_url(
         url,
         socket_timeout=TIMEOUT,
@@ -186,6 +186,9 @@ def _broker_check(app: Celery, url: str) -> Check:
 
 
 def _database_checks(url: str) -> list[Check]:
+    from sqlalchemy import create_engine, inspect, text
+    from sqlalchemy.exc import SQLAlchemyError
+
     arguments: dict[str, Any] = {}
     if url.startswith("postgresql"):
         arguments["connect_timeout"] = int(TIMEOUT)
@@ -227,15 +230,25 @@ def _migrations(url: str) -> Check:
 
 def _worker_checks(app: Celery, saga: Saga | None) -> list[Check]:
     try:
-        replies = app.control.ping(timeout=TIMEOUT / 2) or []
-        queues = app.control.inspect(timeout=TIMEOUT / 2).active_queues() or {}
+        # One broadcast (its replies name the workers too), every reply kept as a list:
+        # inspect() keys them by node name, so two workers started under the same name
+        # (celery@host) would count as one and hide its queues.
+        replies = app.control.broadcast("active_queues", reply=True, timeout=TIMEOUT / 2) or []
     except Exception as exc:
         return [Check("workers", "fail", f"could not ask them: {exc}", True)]
     names = sorted(name for reply in replies for name in reply)
     if not names:
-        return [Check("workers", "fail", "no worker answered a ping")]
-    served = {q["name"] for found in queues.values() for q in found or []}
+        return [Check("workers", "fail", "no worker answered")]
+    served = {q["name"] for reply in replies for found in reply.values() for q in found or []}
     checks = [Check("workers", "ok", f"{len(names)} online: {', '.join(names)}")]
+    shared = sorted({n for n in names if names.count(n) > 1})
+    if shared:
+        detail = (
+            f"several workers answer as {', '.join(shared)}: give each its own -n "
+            "(e.g. -n tools@%h, -n turns@%h), or Flower shows one and remote control "
+            "reaches one"
+        )
+        checks.append(Check("worker names", "warn", detail))
     default = str(app.conf.task_default_queue or "celery")
     if default not in served:
         checks.append(Check("tool queue", "fail", f"no worker consumes {default!r} (tools)"))
@@ -252,7 +265,7 @@ def _beat_check(env: Env, saga: Saga | None) -> Check:
     def probe() -> Check:
         store = env.store
         last = store.last_reaper_pass()
-        module = (env.app_spec or DEFAULT_APP).partition(":")[0] if saga is not None else "APP"
+        module = env.app_spec.partition(":")[0] if saga is not None and env.app_spec else "APP"
         command = f"celery -A {module} beat"
         if last is None:
             return Check("beat", "fail", f"no reaper pass recorded yet: is `{command}` running?")

@@ -5,20 +5,16 @@ from __future__ import annotations
 import inspect
 
 import click
-from rich.table import Table
-from rich.text import Text
 
 from saga.cli.context import Env, emit_json, not_found, parse_since
-from saga.cli.queries import escalation_doc, escalation_rows, escalation_summary
-from saga.escalations import to_json, to_markdown, to_rich
-from saga.escalations.document import iso_datetime
 
 
 def corrections_supported() -> bool:
-    """Whether this version's requeue takes corrections (``--set``): read off its signature."""
-    from saga.engine import Saga
+    """Whether this version's requeue takes corrections (``--set``): read off the signature of
+    the operation behind it (``saga.operations``, which needs no Celery)."""
+    from saga.operations import requeue
 
-    return accepts(Saga.requeue_failed_compensations, "corrections")
+    return accepts(requeue, "corrections")
 
 
 def accepts(function: object, name: str) -> bool:
@@ -42,6 +38,12 @@ def escalations(
     env: Env, everything: bool, run_id: str | None, since: float | None, as_json: bool
 ) -> None:
     """List escalations, newest first (open ones unless --all)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from saga.cli.queries import escalation_rows, escalation_summary
+    from saga.escalations.document import iso_datetime
+
     rows = escalation_rows(env.records, open_only=not everything, run_id=run_id, since=since)
     if as_json:
         items = [escalation_summary(r) for r in rows]
@@ -77,6 +79,9 @@ def escalation() -> None:
 def show_escalation(env: Env, escalation_id: str, fmt: str | None) -> None:
     """The escalation package: why, the timeline, each step, the stack, each failed
     compensation with every attempt's error, what is still live, and the commands."""
+    from saga.cli.queries import escalation_doc
+    from saga.escalations import to_json, to_markdown, to_rich
+
     doc = escalation_doc(
         env.store_if_reachable(),
         env.records,

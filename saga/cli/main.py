@@ -1,16 +1,18 @@
 """The ``saga`` command: look at runs and escalations, requeue, resolve, reap, check a
-deployment. Every failure maps to an exit code that says what kind it is (``ExitCode``)."""
+deployment. Every failure maps to an exit code that says what kind it is (``ExitCode``).
+
+Only click is imported here: the command modules import what they use inside their functions,
+so ``saga --help`` and the read-only commands start fast (``tests/unit/test_cli_imports.py``).
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
-import redis
-from kombu.exceptions import OperationalError as BrokerError
-from sqlalchemy.exc import DBAPIError
 
-from saga.cli.context import EXIT_CODES_HELP, Env, ExitCode, Failure, make_console
+from saga.cli.context import EXIT_CODES_HELP, Env, ExitCode, Failure
 from saga.cli.db import db
 from saga.cli.doctor import doctor
 from saga.cli.escalations import escalation, escalations
@@ -18,60 +20,99 @@ from saga.cli.operate import reap, requeue, resolve
 from saga.cli.runs import runs, show
 from saga.cli.serve import serve
 from saga.cli.tokens import tokens
-from saga.errors import (
-    ConfigurationError,
-    DatabaseSchemaError,
-    InvalidRunIdError,
-    StoreUnavailableError,
-    UnknownRunError,
+
+APP_HELP = (
+    "The application's Saga as module:attr (also SAGA_APP), for requeue, resolve and reap; "
+    "taken before or after the command. Read-only commands never import it."
 )
 
 
 class _Saga(click.Group):
     """Turns saga's and the services' errors into exit codes (never a traceback for a
-    service that is down or a run that does not exist)."""
+    service that is down, an extra not installed or a run that does not exist), and gives
+    every command ``--app``."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        _give_app_option(cmd)
+        super().add_command(cmd, name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except UnknownRunError as exc:
-            raise Failure(str(exc), ExitCode.NOT_FOUND) from exc
-        except InvalidRunIdError as exc:
-            raise Failure(str(exc), ExitCode.USAGE) from exc
-        except DatabaseSchemaError as exc:
-            raise Failure(str(exc), ExitCode.BAD_STATE) from exc
-        except (StoreUnavailableError, ConfigurationError, redis.ConnectionError) as exc:
-            raise Failure(f"Redis: {exc}", ExitCode.UNREACHABLE) from exc
-        except redis.TimeoutError as exc:
-            raise Failure(f"Redis: {exc}", ExitCode.UNREACHABLE) from exc
-        except BrokerError as exc:
-            raise Failure(f"the broker: {exc}", ExitCode.UNREACHABLE) from exc
-        except DBAPIError as exc:
-            if not exc.connection_invalidated and not _connect_error(exc):
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            failure = _failure(exc)
+            if failure is None:
                 raise
-            message = str(exc).splitlines()[0]
-            raise Failure(f"the records database: {message}", ExitCode.UNREACHABLE) from exc
+            raise failure from exc
         finally:
             if isinstance(ctx.obj, Env):
                 ctx.obj.close()
 
 
-def _connect_error(exc: DBAPIError) -> bool:
-    """A database that does not answer (not one that refused a statement)."""
-    from sqlalchemy.exc import InterfaceError, OperationalError
+def _take_app(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.ensure_object(Env).app_spec = value
 
-    return isinstance(exc, OperationalError | InterfaceError)
+
+def _give_app_option(cmd: click.Command) -> None:
+    """``--app`` on ``cmd`` (and on every command of a group) as well as on ``saga`` itself:
+    ``saga requeue RUN --app m:saga`` works as ``saga --app m:saga requeue RUN`` does."""
+    if not any(p.name == "app_spec" for p in cmd.params):
+        option = click.Option(
+            ["--app", "app_spec"],
+            metavar="MODULE:ATTR",
+            expose_value=False,
+            is_eager=True,
+            callback=_take_app,
+            help=APP_HELP,
+        )
+        cmd.params.append(option)
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            _give_app_option(sub)
+
+
+def _failure(exc: Exception) -> Failure | None:
+    """The exit code of an error raised by saga or by a service's client; None for a bug.
+
+    The services' exception classes are looked up among the modules already imported: an
+    error cannot come from a library nobody imported, and importing one here would cost every
+    command its start-up time."""
+    from saga import errors
+
+    if isinstance(exc, ModuleNotFoundError):
+        from saga.extras import missing
+
+        exc = missing(exc) or exc
+    if isinstance(exc, errors.MissingExtraError):
+        return Failure(str(exc), ExitCode.MISSING_EXTRA)
+    if isinstance(exc, errors.UnknownRunError):
+        return Failure(str(exc), ExitCode.NOT_FOUND)
+    if isinstance(exc, errors.InvalidRunIdError):
+        return Failure(str(exc), ExitCode.USAGE)
+    if isinstance(exc, errors.DatabaseSchemaError):
+        return Failure(str(exc), ExitCode.BAD_STATE)
+    if isinstance(exc, errors.StoreUnavailableError | errors.ConfigurationError):
+        return Failure(f"Redis: {exc}", ExitCode.UNREACHABLE)
+    redis = sys.modules.get("redis")
+    if redis is not None and isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return Failure(f"Redis: {exc}", ExitCode.UNREACHABLE)
+    kombu = sys.modules.get("kombu.exceptions")
+    if kombu is not None and isinstance(exc, kombu.OperationalError):
+        return Failure(f"the broker: {exc}", ExitCode.UNREACHABLE)
+    sqlalchemy = sys.modules.get("sqlalchemy.exc")
+    if sqlalchemy is not None and isinstance(exc, sqlalchemy.DBAPIError):
+        connect = isinstance(exc, sqlalchemy.OperationalError | sqlalchemy.InterfaceError)
+        if exc.connection_invalidated or connect:  # it does not answer (not: it refused)
+            message = str(exc).splitlines()[0]
+            return Failure(f"the records database: {message}", ExitCode.UNREACHABLE)
+    return None
 
 
 @click.group(cls=_Saga, epilog=EXIT_CODES_HELP)
-@click.option(
-    "--app",
-    "app_spec",
-    envvar="SAGA_APP",
-    metavar="MODULE:ATTR",
-    help="The application's Saga, for requeue and reap (default: tasks.app:saga when "
-    "importable). Read-only commands need only SAGA_REDIS_URL and SAGA_DATABASE_URL.",
-)
+@click.option("--app", "app_spec", envvar="SAGA_APP", metavar="MODULE:ATTR", help=APP_HELP)
 @click.version_option(package_name="saga")
 @click.pass_context
 def cli(ctx: click.Context, app_spec: str | None) -> None:
@@ -80,7 +121,7 @@ def cli(ctx: click.Context, app_spec: str | None) -> None:
     Reads SAGA_REDIS_URL (the stacks), SAGA_BROKER_URL and SAGA_DATABASE_URL (the records),
     like the workers do.
     """
-    ctx.obj = Env(app_spec=app_spec, console=make_console())
+    ctx.obj = Env(app_spec=app_spec or None)
 
 
 cli.add_command(runs)

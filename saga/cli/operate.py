@@ -9,7 +9,7 @@ from __future__ import annotations
 import getpass
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,15 +23,16 @@ from saga.cli.context import (
     not_found,
 )
 from saga.cli.escalations import accepts
-from saga.cli.queries import find_escalation
 from saga.errors import (
     DispatchError,
     InvalidCorrectionError,
     OperationRefusedError,
     UnknownEscalationError,
 )
-from saga.stack import RunHead, RunStore
 from saga.validation import check_run_id
+
+if TYPE_CHECKING:
+    from saga.stack import RunHead, RunStore
 
 
 def _os_user() -> str:
@@ -150,6 +151,7 @@ def _say(env: Env, as_json: bool, result: dict[str, object], text: str) -> None:
 @click.pass_obj
 def resolve(env: Env, escalation_id: str, note: str, by: str, as_json: bool) -> None:
     """Close an escalation dealt with by hand, saying what was done."""
+    from saga.cli.queries import find_escalation
     from saga.engine import Saga
 
     if not note.strip():

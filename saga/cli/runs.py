@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import click
-from rich.table import Table
-from rich.text import Text
 
 from saga.cli.context import Env, emit_json, not_found, parse_since, when
-from saga.cli.queries import RunFilter, list_runs, run_doc
-from saga.escalations import run_card, run_json
 from saga.model import RunState
 from saga.validation import check_run_id
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from saga.cli.queries import RunRow
+
+#: Widest a word may make its column (a longer one is folded): tool names, reasons' words.
+_WORD_MAX = 24
 _STYLE = {"completed": "green", "compensated": "green", "escalated": "red", "unwinding": "yellow"}
 
 
@@ -41,27 +47,50 @@ def runs(
     as_json: bool,
 ) -> None:
     """List runs, newest first: live ones from Redis, ended ones from the records."""
+    from rich.text import Text
+
+    from saga.cli.queries import RunFilter, list_runs
+
     where = RunFilter(states=states, agent=agent, tool=tool, since=since, limit=limit)
     rows = list_runs(env.store_if_reachable(), env.records, where)
     if as_json:
         emit_json({"schema_version": 1, "runs": [r.to_dict() for r in rows]})
         return
-    table = Table()
+    env.console.print(runs_table(rows) if rows else Text("no runs match", style="dim"))
+
+
+def runs_table(rows: Sequence[RunRow]) -> Table:
+    """The listing: ids, states and times never wrap; the tools and the reason wrap between
+    words (each column at least as wide as its longest word), never inside one."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(caption="open escalation: saga escalation show RUN:N", caption_justify="left")
     table.add_column("run", no_wrap=True)
-    for column in ("state", "agent", "started (UTC)", "steps", "reason"):
-        table.add_column(column, overflow="fold")
-    table.add_column("open escalation", no_wrap=True)
-    for row in rows:
+    table.add_column("state", no_wrap=True)
+    table.add_column("agent", no_wrap=True)
+    table.add_column("started (UTC)", no_wrap=True)
+    tools = [", ".join(r.tools) for r in rows]
+    reasons = [r.reason for r in rows]
+    table.add_column("steps", min_width=_longest_word(tools), overflow="fold")
+    table.add_column("reason", min_width=_longest_word(reasons), overflow="fold")
+    table.add_column("open esc.", no_wrap=True)
+    for row, steps, reason in zip(rows, tools, reasons, strict=True):
         table.add_row(
             row.run_id,
             Text(row.state, style=_STYLE.get(row.state, "")),
             row.agent,
             when(row.created),
-            ", ".join(row.tools),
-            row.reason,
-            row.escalation,
+            steps,
+            reason,
+            f":{row.escalation.rpartition(':')[2]}" if row.escalation else "",
         )
-    env.console.print(table if rows else Text("no runs match", style="dim"))
+    return table
+
+
+def _longest_word(cells: Sequence[str]) -> int | None:
+    words = [len(word) for cell in cells for word in cell.split()]
+    return min(max(words), _WORD_MAX) if words else None
 
 
 @click.command()
@@ -71,6 +100,9 @@ def runs(
 def show(env: Env, run_id: str, as_json: bool) -> None:
     """Draw a run's timeline: forward steps with their classes and pushes, the pivot line,
     the unwind with ✓/✗, how it ended."""
+    from saga.cli.queries import run_doc
+    from saga.escalations import run_card, run_json
+
     check_run_id(run_id)
     doc = run_doc(env.store_if_reachable(), env.records, run_id)
     if doc is None:
@@ -80,7 +112,8 @@ def show(env: Env, run_id: str, as_json: bool) -> None:
         return
     env.console.print(run_card(doc), crop=False)
     for escalation in env.records.escalations(run_id, open_only=True):
-        env.console.print(
+        env.console.print(  # one line, however long: it is a command to copy
             f"\nescalation {escalation.escalation_id} is open: "
-            f"{env.command()} escalation show {escalation.escalation_id}"
+            f"{env.command()} escalation show {escalation.escalation_id}",
+            soft_wrap=True,
         )

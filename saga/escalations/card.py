@@ -13,7 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from saga.escalations.markdown import compact
+from saga.escalations.markdown import compact, database_why
 from saga.escalations.schema import CompensationDoc, EscalationDoc, RunDoc
 from saga.escalations.timeline import Line, call_text, timeline
 
@@ -55,7 +55,7 @@ def run_card(doc: RunDoc) -> RenderableType:
     if doc["cause"]:
         details.append(f"cause: {doc['cause']}")
     if doc["source"] == "database":
-        details.append("read from the database: its Redis keys have expired")
+        details.append(f"read from the database: {database_why(doc)}")
     return Group(
         header, Text("  ·  ".join(details), style="dim"), Text(), timeline_text(timeline(doc))
     )
@@ -136,6 +136,8 @@ def to_rich(doc: EscalationDoc) -> RenderableType:
 
 
 def _commands(doc: EscalationDoc) -> RenderableType:
+    """The commands, one per line and never wrapped (however narrow the terminal), so that
+    each can be copied whole; not in a panel, whose border would cut them."""
     commands = doc["commands"]
     rows: list[tuple[str, Any]] = [
         ("requeue", commands["requeue"]),
@@ -143,11 +145,13 @@ def _commands(doc: EscalationDoc) -> RenderableType:
         ("resolve", commands["resolve"]),
         ("show", commands["show"]),
     ]
-    text = Text()
+    text = Text(no_wrap=True, overflow="ignore")
+    text.append("Commands\n", style="bold")
     for label, command in rows:
         if command:
             text.append(f"{label:>8}  ", style="dim")
             text.append(f"{command}\n", style="bold")
+    if not any(command for _, command in rows):
+        text.append("(nothing to do)")
     text.rstrip()
-    body = text if text.plain else Text("(nothing to do)")
-    return Panel(body, title="Commands", title_align="left")
+    return text

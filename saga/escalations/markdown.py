@@ -21,6 +21,13 @@ def to_json(doc: EscalationDoc | RunJsonDoc | dict[str, Any]) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False, default=str)
 
 
+def database_why(run: RunDoc) -> str:
+    """Why a run was read from the database rather than from its live keys."""
+    if run.get("redis_unreachable"):
+        return "Redis did not answer (what is live there is not shown)"
+    return "its Redis keys have expired"
+
+
 def compact(value: Any, width: int = _CELL) -> str:
     """A value as one line of JSON, cut to ``width``."""
     text = json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
@@ -105,7 +112,8 @@ def to_markdown(doc: EscalationDoc) -> str:
     lines += [
         f"- **Run:** `{doc['run_id']}` ({run['state']}, created {run['created_at'] or '?'}, "
         f"escalated {doc['created_at'] or '?'}, generation {doc['generation']}; "
-        f"read from {run['source']})",
+        f"read from {run['source']}"
+        + (f": {database_why(run)})" if run["source"] == "database" else ")"),
     ]
     if doc["moved_on"]:
         lines.append(f"- **Since:** {doc['moved_on']}")

@@ -7,7 +7,7 @@ and errors are the JSON the run recorded, unchanged.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 SCHEMA_VERSION = 1
 
@@ -119,6 +119,9 @@ class RunDoc(TypedDict):
     compensations: list[CompensationDoc]
     live: list[LiveDoc]
     source: Source
+    #: True when Redis did not answer, so the run was read from the database although its keys
+    #: may not have expired (what is live in Redis is then not shown). Absent: Redis was read.
+    redis_unreachable: NotRequired[bool]
 
 
 class WhyDoc(TypedDict):

@@ -1,4 +1,5 @@
-"""Flower for saga, locked down: ``python -m saga.integrations.flower -A tasks.app --port=5555``.
+"""Flower for saga, locked down: ``python -m saga.integrations.flower -A tasks.app --port=5555``
+(or, without ``-A``, the module of ``SAGA_APP``).
 
 Flower can revoke and terminate tasks, restart pools and send tasks of any name with any
 arguments: a revoked compensation is an undo that never runs, a hand-sent ``tools.*`` message a
@@ -34,6 +35,8 @@ INSECURE_LOCAL_ENV = "SAGA_FLOWER_INSECURE_LOCAL"
 LOCAL_ADDRESS = "127.0.0.1"
 #: Exit status when it refuses to start (EX_CONFIG, as the worker's guard).
 REFUSED = 78
+#: Exit status when Flower is not installed (the ``saga`` command's ``ExitCode.MISSING_EXTRA``).
+MISSING_EXTRA = 5
 #: Flower's API handlers that only read; every other ``/api/`` route is refused.
 READ_ONLY_API = frozenset(
     {"ListWorkers", "ListTasks", "ListTaskTypes", "GetQueueLengths", "TaskInfo", "TaskResult"}
@@ -73,7 +76,10 @@ def plan(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[s
         else:
             flower_args.append(arg)
     if not any(a.partition("=")[0] in ("-A", "--app") for a in celery_args):
-        raise ConfigurationError("name the Celery app: -A tasks.app")
+        app = env.get("SAGA_APP", "").strip()
+        if not app:
+            raise ConfigurationError("name the Celery app: -A myproject.worker, or SAGA_APP")
+        celery_args[:0] = ["-A", app.partition(":")[0]]  # module:attr names the Saga
     screen_config(flower_args, os.getcwd())
     for arg in flower_args:
         if _name(arg) in _FORBIDDEN_FLAGS:
@@ -214,8 +220,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.pop(name, None)
     os.environ.update(flower_env)
 
-    import flower.urls
-    from flower.options import default_options
+    try:
+        import flower.urls
+        from flower.options import default_options
+    except ModuleNotFoundError as exc:
+        from saga.extras import missing
+
+        error = missing(exc, "(Flower)")
+        if error is None:
+            raise
+        print(f"saga: refusing to start Flower: {error}", file=sys.stderr)
+        return MISSING_EXTRA
 
     if "read_only" in default_options:
         celery_argv.append("--read_only=True")

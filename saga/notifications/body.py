@@ -21,10 +21,16 @@ NOTICE_TYPE = "saga.escalation"
 
 
 def notification_body(
-    record: EscalationRecord, picture: RunPicture | None = None, run: RunRecord | None = None
+    record: EscalationRecord,
+    picture: RunPicture | None = None,
+    run: RunRecord | None = None,
+    *,
+    command: str = "saga",
 ) -> dict[str, Any]:
     """The escalation as a person (or a pager) needs it: why, cause, timeline, stack, each
     failed undo's errors, what is live, the commands; ``picture`` or ``run`` give the timeline
-    (without either, it is built from what the escalation captured)."""
-    package = escalation_package(record, picture=picture, run=run)
+    (without either, it is built from what the escalation captured). ``command``: how
+    ``saga`` is invoked for this application (``saga --app module:attr``), as the commands
+    print it."""
+    package = escalation_package(record, picture=picture, run=run, command=command)
     return {**package, "id": record.escalation_id, "type": NOTICE_TYPE}

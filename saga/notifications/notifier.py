@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from saga import metrics
 from saga.constants import NOTIFY_TASK, notice_task_id
 from saga.errors import NotificationError, StoreUnavailableError
+from saga.escalations.invocation import command_for
 from saga.notifications.body import notification_body
 from saga.notifications.settings import NotifySettings
 from saga.notifications.sinks import SINKS
@@ -77,11 +78,13 @@ class Notifier:
         recording is then unfinished and is done again. A refused publish is only logged
         (the reaper sends the notice once it is due)."""
         logger.error(
-            "run %s escalated (%s): %s%s",
+            "run %s escalated (%s): %s%s; `%s escalation show %s`",
             record.run_id,
             record.escalation_id,
             record.reason,
             f"; cause: {record.cause}" if record.cause else "",
+            command_for(self.saga),
+            record.escalation_id,
         )
         sinks = self.settings.sinks
         if not sinks:
@@ -147,7 +150,9 @@ class Notifier:
             record = self._escalation(escalation_id)
             if sink not in SINKS:
                 raise NotificationError(f"no sink named {sink!r} in this deploy")
-            body = notification_body(record, *self._timeline(record.run_id))
+            body = notification_body(
+                record, *self._timeline(record.run_id), command=command_for(self.saga)
+            )
             detail = SINKS[sink](settings, body, escalation_id, claim.attempt)
         except Exception as exc:
             return self._failed(escalation_id, sink, claim.attempt, exc)

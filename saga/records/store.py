@@ -31,9 +31,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from saga.agents.turn_state import document as hosted_document
 from saga.picture import RunPicture
-from saga.records import migrations
 from saga.records.models import (
     ActionRecord,
     Base,
@@ -103,6 +101,8 @@ class RecordStore:
     """
 
     def __init__(self, url: str, *, upgrade: bool = True) -> None:
+        from saga.records import migrations  # alembic: only where a store is opened
+
         if upgrade:
             migrations.upgrade(url)
         else:
@@ -134,6 +134,8 @@ class RecordStore:
         closes the run's open escalations, saying why."""
         state = picture.state.value
         escalation = escalation_row(picture, picture.reason) if state == "escalated" else None
+        from saga.agents.turn_state import document as hosted_document  # the hosted loop's
+
         hosted = hosted_document(picture)
         with self.engine.begin() as connection:
             self._upsert(connection, [run_row(picture, state, picture.reason)])

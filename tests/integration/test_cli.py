@@ -39,6 +39,7 @@ pytestmark = pytest.mark.timeout(300)
 SQLITE_ONLY = pytest.mark.parametrize("world", ["sqlite"], indirect=True)
 
 SAGA = str(Path(sys.executable).with_name("saga"))
+APP = "tasks.app:saga"
 
 
 @dataclass
@@ -124,11 +125,12 @@ def world(
         "SAGA_DEMO_DATA": str(data),
         "SAGA_REAP_INTERVAL": "1",
         "PYTHONPATH": str(ROOT),
+        # What requeue, resolve and reap import (nothing is guessed).
+        "SAGA_APP": APP,
     }
     with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():
             patch.setenv(key, value)
-        patch.delenv("SAGA_APP", raising=False)
         app = Celery("cli-test")
         app.config_from_object("celeryconfig")
         app.conf.update(broker_url=url, result_backend=url)
@@ -229,8 +231,8 @@ def test_escalation_markdown_holds_the_whole_picture_and_the_requeue_command(
     for heading in ("### Timeline", "### Steps", "### Stack", "### Failed compensations"):
         assert heading in markdown
     assert "### Still live in the world" in markdown
-    assert f"saga requeue {escalated}" in markdown
-    assert f"saga resolve {escalated}:0 --note" in markdown
+    assert f"saga --app {APP} requeue {escalated}" in markdown
+    assert f"saga --app {APP} resolve {escalated}:0 --note" in markdown
     assert markdown.count("tickets is down") >= 3  # each attempt's error, in the table
     assert f"`{escalated}:3:undo`" in markdown  # the captured idempotency key
 
@@ -259,7 +261,7 @@ def test_escalation_json_is_the_versioned_package(world: World, escalated: str) 
         ("set_ticket_status", "its compensation failed")
     ]
     assert package["requeueable"] is True
-    assert package["commands"]["requeue"] == f"saga requeue {escalated}"
+    assert package["commands"]["requeue"] == f"saga --app {APP} requeue {escalated}"
 
 
 @SQLITE_ONLY
@@ -328,6 +330,11 @@ def test_read_only_commands_fall_back_to_the_records_when_redis_is_away(
     for done in (package, shown, listed):
         assert done.returncode == 0, done.stderr
         assert "Redis does not answer" in done.stderr
+    # and the card says Redis did not answer, never that the run's keys expired
+    card = " ".join(world.cli("show", escalated, SAGA_REDIS_URL=away).stdout.split())
+    assert "read from the database: Redis did not answer" in card
+    assert "expired" not in card
+    assert json.loads(shown.stdout)["redis_unreachable"] is True
     run = json.loads(package.stdout)["run"]
     assert run["source"] == "database" and run["state"] == "escalated"
     assert [c["state"] for c in run["compensations"]] == ["failed", "done"]
@@ -373,6 +380,10 @@ def test_requeue_escalates_again_then_compensates_once_the_fault_is_fixed(world:
     assert (result["state"], result["requeued"], result["by"]) == ("compensated", 1, "ops@example")
     assert systems.get_ticket(TICKET)["status"] == "open"
     assert world.saga.records.escalations(run_id, open_only=True) == []
+    # and the run no longer says its compensation failed: it is back to what set it failing
+    [row] = [r for r in world.cli_json("runs")["runs"] if r["run_id"] == run_id]
+    assert (row["state"], row["reason"]) == ("compensated", "step 4 failed")
+    assert world.saga.records.run(run_id).reason == "step 4 failed"
     # and the run's timeline now shows every undo done
     shown = world.cli("show", run_id)
     assert "→ run ends compensated" in shown.stdout
@@ -519,3 +530,35 @@ def test_doctor_with_redis_unreachable_exits_4(tmp_path: Path) -> None:
     assert done.returncode == 4, done.stdout + done.stderr
     assert "does not answer" in done.stdout
     assert "redis, broker" in done.stderr
+
+
+@SQLITE_ONLY
+def test_doctor_sees_every_worker_of_a_host_even_under_one_name(world: World) -> None:
+    # Given a tool worker and a turn worker on this host, started under the same node name
+    # (what `celery worker` gives both without -n), on a broker of their own
+    url = world.env["SAGA_REDIS_URL"].rsplit("/", 1)[0] + "/7"
+    env = {**world.env, "SAGA_REDIS_URL": url, "SAGA_BROKER_URL": url, "SAGA_RESULT_BACKEND": url}
+    same = ["-n", f"celery-{uuid.uuid4().hex[:6]}@%h"]
+    tools = WorkerProcess(
+        "tasks.app", env=env, cwd=ROOT, extra_args=["-Q", "celery", *same], concurrency=1
+    )
+    turns = WorkerProcess(
+        "tasks.app",
+        env=env,
+        cwd=ROOT,
+        pool="threads",
+        extra_args=["-Q", "saga.turns", *same],
+        concurrency=2,
+    )
+    with tools, turns:
+        # When the deployment is checked
+        done = world.cli("doctor", "--json", **env)
+
+    # Then both queues count as served, and the shared name is named as the problem
+    report = json.loads(done.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert "tool queue" not in checks and "turn queue" not in checks, checks
+    assert checks["workers"]["detail"].startswith("2 online")
+    assert checks["worker names"]["status"] == "warn"
+    assert "give each its own -n" in checks["worker names"]["detail"]
+    redis.Redis.from_url(url).flushdb()

@@ -3,8 +3,13 @@ the worker, whichever child ran each task."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from saga import RunState
 from saga.testing import free_port
 from tasks import systems
+from tests.conftest import ROOT
 from tests.integration.deployment import Deployment, deployment
 from tests.integration.helpers import demo_steps, wait_until
 
@@ -81,3 +87,53 @@ def test_a_worker_serves_the_counters_of_its_steps_unwinds_and_runs(
     assert ("saga_escalations_open", ()) in after
     # and the run was counted as started where it was started (this process)
     assert REGISTRY.get_sample_value("saga_runs_started_total") == started + 1
+
+
+def _worker_refusing(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``celery -A tasks.app worker ARGS``, expected to refuse before it serves anything."""
+    command = [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "-P", "solo", *args]
+    return subprocess.run(
+        command,
+        env={**os.environ, "SAGA_DEMO_DATA": str(tmp_path), **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+def test_metrics_port_without_prometheus_client_refuses_to_start(tmp_path: Path) -> None:
+    # Given prometheus-client cannot be imported (a stand-in that fails as a missing one does)
+    shadow = tmp_path / "shadow" / "prometheus_client"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'prometheus_client'\", "
+        "name='prometheus_client')\n"
+    )
+    path = os.pathsep.join([str(shadow.parent), str(ROOT)])
+
+    # When a worker is started with the port, by option or by variable
+    by_option = _worker_refusing(tmp_path, "--metrics-port", "0", PYTHONPATH=path)
+    by_variable = _worker_refusing(tmp_path, PYTHONPATH=path, SAGA_METRICS_PORT="0")
+
+    # Then it refuses at once, naming the extra to install
+    for done in (by_option, by_variable):
+        assert done.returncode == 2, done.stdout + done.stderr[-2000:]
+        assert "pip install 'saga[metrics]'" in done.stderr
+        assert " ready." not in done.stdout + done.stderr
+
+
+def test_metrics_port_already_taken_refuses_to_start(tmp_path: Path) -> None:
+    # Given the port is held by something else
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        # When a worker is started on it
+        done = _worker_refusing(tmp_path, "--metrics-port", str(port))
+
+    # Then it does not start without its endpoint: it says why and exits non-zero
+    assert done.returncode != 0, done.stdout + done.stderr[-2000:]
+    assert f"refusing to start: --metrics-port {port}" in done.stderr

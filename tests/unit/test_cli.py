@@ -73,7 +73,8 @@ def test_help_documents_the_exit_codes() -> None:
     for code in ("0 ok", "1 the thing asked for is in a bad state", "2 bad usage", "3 not found"):
         assert code in text
     assert "4 a service (Redis, broker, database) unreachable" in text
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4]
+    assert "5 an optional dependency missing" in text
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 5]
 
 
 def test_urls_are_printed_without_their_password() -> None:
@@ -92,8 +93,88 @@ def test_an_app_that_cannot_be_loaded_is_a_usage_error() -> None:
         with pytest.raises(Failure, match=message) as failed:
             load_saga(spec)
         assert failed.value.exit_code == ExitCode.USAGE
-    with pytest.raises(Failure, match="no app: name its Saga with --app"):
-        load_saga("no_such_module_here:saga", explicit=False)
+
+
+def test_no_app_is_guessed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --app or SAGA_APP, a command that needs the app says how to name it (exit 2),
+    even where the demo's ``tasks.app`` is importable (as it is from the repository)."""
+    monkeypatch.delenv("SAGA_APP", raising=False)
+    result = CliRunner().invoke(cli, ["requeue", "run-1", "--no-wait"])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "needs the application's Saga: name it with --app module:attr" in result.output
+    assert "tasks" not in result.output
+
+
+def _spec_seen(monkeypatch: pytest.MonkeyPatch, args: list[str], env: str | None) -> str:
+    seen: list[str] = []
+
+    def load(spec: str) -> Any:
+        seen.append(spec)
+        return OldSaga()
+
+    monkeypatch.setattr("saga.cli.context.load_saga", load)
+    if env is None:
+        monkeypatch.delenv("SAGA_APP", raising=False)
+    else:
+        monkeypatch.setenv("SAGA_APP", env)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    return seen[0]
+
+
+def test_the_app_is_taken_on_the_group_on_any_command_or_from_saga_app(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = ["requeue", "run-1", "--no-wait"]
+    assert _spec_seen(monkeypatch, ["--app", "a.b:saga", *run], None) == "a.b:saga"
+    assert _spec_seen(monkeypatch, [*run, "--app", "c.d:saga"], None) == "c.d:saga"
+    assert _spec_seen(monkeypatch, run, "e.f:saga") == "e.f:saga"
+    # the command's own --app wins over SAGA_APP
+    assert _spec_seen(monkeypatch, [*run, "--app", "g.h:saga"], "e.f:saga") == "g.h:saga"
+
+
+def test_every_command_takes_app() -> None:
+    """Commands registered later (by anyone) get it too: add_command gives it."""
+
+    def leaves(group: click.Group) -> list[click.Command]:
+        found: list[click.Command] = []
+        for command in group.commands.values():
+            found += leaves(command) if isinstance(command, click.Group) else [command]
+        return found
+
+    extra = click.Command("extra", callback=lambda: None)
+    cli.add_command(extra)
+    try:
+        for command in leaves(cli):
+            assert any("--app" in p.opts for p in command.params), command.name
+    finally:
+        cli.commands.pop("extra")
+
+
+@pytest.mark.parametrize(
+    ("module", "extra"),
+    [("psycopg", "postgres"), ("prometheus_client", "metrics"), ("flower", "flower")],
+)
+def test_a_missing_extra_is_named_with_its_own_exit_code(
+    monkeypatch: pytest.MonkeyPatch, module: str, extra: str
+) -> None:
+    def missing(self: Env) -> Any:
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+    monkeypatch.setattr(Env, "records", property(missing))
+    result = CliRunner().invoke(cli, ["escalations"])
+    assert result.exit_code == ExitCode.MISSING_EXTRA, result.output
+    assert f"pip install 'saga[{extra}]'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_module_no_extra_brings_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(self: Env) -> Any:
+        raise ModuleNotFoundError("No module named 'nothing_of_ours'", name="nothing_of_ours")
+
+    monkeypatch.setattr(Env, "records", property(missing))
+    result = CliRunner().invoke(cli, ["escalations"])
+    assert isinstance(result.exception, ModuleNotFoundError)
 
 
 def test_keyword_support_is_read_off_the_signature() -> None:
@@ -192,3 +273,57 @@ def test_a_bad_run_id_or_set_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -
     assert _invoke(monkeypatch, saga, "requeue", "a run").exit_code == ExitCode.USAGE
     assert _invoke(monkeypatch, saga, "requeue", "r", "--set", "oops").exit_code == ExitCode.USAGE
     assert saga.calls == []
+
+
+# -- the listing's layout ------------------------------------------------------------------------
+
+
+def _rows() -> list[Any]:
+    from saga.cli.queries import RunRow
+
+    tools = ("get_order", "issue_credit", "set_ticket_status", "send_reply", "notify_webhook")
+    return [
+        RunRow(
+            run_id=f"{i:032x}",
+            state=state,
+            reason=reason,
+            agent="refund" if i % 2 else "",
+            created=1_764_000_000.0 + i,
+            ended=None,
+            tools=tools[: 2 + i % 4],
+            source="database",
+            escalation=f"{i:032x}:1" if state == "escalated" else "",
+        )
+        for i, (state, reason) in enumerate(
+            [
+                ("escalated", "compensation failed"),
+                ("compensated", "step 4 failed"),
+                ("escalated", "failed after an irreversible step"),
+                ("completed", ""),
+                ("escalated", "step 3 in doubt: no lookup declared for set_ticket_status"),
+            ]
+        )
+    ]
+
+
+@pytest.mark.parametrize("width", [120, 140, 200])
+def test_runs_wrap_between_words_never_inside_one(width: int) -> None:
+    import io
+
+    from rich.console import Console
+
+    from saga.cli.runs import runs_table
+
+    rows = _rows()
+    out = io.StringIO()
+    Console(file=out, width=width, highlight=False).print(runs_table(rows))
+    lines = out.getvalue().splitlines()
+    # Every word of every cell is on one line, whole: ids, states, times, tools, reasons
+    printed = {word.strip("│┃|, ") for line in lines for word in line.split()}
+    for row in rows:
+        assert row.run_id in printed and row.state in printed
+        for tool in row.tools:
+            assert tool in printed, (tool, width)
+        for word in row.reason.replace(":", " ").split():
+            assert any(word in p for p in printed), (word, width)
+    assert all(len(line) <= width for line in lines)

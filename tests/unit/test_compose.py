@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -26,10 +27,11 @@ def test_every_saga_process_points_at_the_same_redis_and_the_reaper_runs() -> No
     services = _compose()["services"]
     assert {"redis", "worker", "turns", "beat", "flower", "postgres"} <= set(services)
     for name in ("worker", "turns", "beat", "flower"):
-        env = services[name]["environment"]
-        assert env["SAGA_BROKER_URL"].startswith("redis://redis:6379/")
+        broker = urlsplit(services[name]["environment"]["SAGA_BROKER_URL"])
+        assert (broker.scheme, broker.hostname, broker.port) == ("redis", "redis", 6379), name
+        assert broker.path == "/0" and broker.password is None, name
         assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
-    assert "celery -A tasks.app beat" in services["beat"]["command"]
+    assert 'celery -A "$${SAGA_APP%%:*}" beat' in " ".join(services["beat"]["command"])
     assert services["worker"]["environment"]["SAGA_DATABASE_URL"].startswith("postgresql+")
 
 
@@ -40,8 +42,8 @@ def test_turns_run_on_a_threads_pool_on_their_own_queue() -> None:
     from saga.constants import AGENT_TURN_TASK, TURN_QUEUE
 
     services = _compose()["services"]
-    turns = services["turns"]["command"]
+    turns = " ".join(services["turns"]["command"])
     assert "-P threads" in turns and f"-Q {TURN_QUEUE}" in turns
-    assert "-Q celery" in services["worker"]["command"]
+    assert "-Q celery" in " ".join(services["worker"]["command"])
     assert celeryconfig.task_routes[AGENT_TURN_TASK] == {"queue": TURN_QUEUE}
     assert services["turns"]["environment"]["SAGA_DATABASE_URL"].startswith("postgresql+")

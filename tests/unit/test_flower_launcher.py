@@ -112,3 +112,10 @@ def test_a_flowerconfig_of_plain_settings_is_let_through(
     monkeypatch.chdir(tmp_path)
     argv, _ = plan(["-A", "tasks.app"], {BASIC_AUTH_ENV: "ops:pw"})
     assert argv == ["celery", "-A", "tasks.app", "flower"]
+
+
+def test_the_app_comes_from_saga_app_without_a() -> None:
+    argv, _ = plan(["--port=5555"], {BASIC_AUTH_ENV: "ops:pw", "SAGA_APP": "myproject.worker:saga"})
+    assert argv == ["celery", "-A", "myproject.worker", "flower", "--port=5555"]
+    with pytest.raises(ConfigurationError, match="SAGA_APP"):
+        plan(["--port=5555"], {BASIC_AUTH_ENV: "ops:pw"})
