@@ -72,8 +72,10 @@ class Failure(click.ClickException):
 
 
 def mask(url: str) -> str:
-    """A URL fit to print: its password replaced."""
-    return re.sub(r"(//[^:@/]*):[^@/]*@", r"\1:***@", url)
+    """A URL fit to print: its password replaced (whatever it holds: '/', ':', '@')."""
+    from saga.settings import masked
+
+    return masked(url)
 
 
 @dataclass
@@ -239,7 +241,10 @@ def parse_assignment(text: str) -> tuple[int, str, Any]:
     (``100``, ``true``, ``"x"``, ``{"a": 1}``), else the text as it is."""
     target, equals, raw = text.partition("=")
     step, dot, arg = target.partition(".")
-    if not equals or not dot or not step.strip().isdigit() or not arg.strip().isidentifier():
+    # [0-9] only: isdigit() also takes '²' or '٣', which int() refuses.
+    number = step.strip()
+    digits = bool(number) and all("0" <= c <= "9" for c in number)
+    if not equals or not dot or not digits or not arg.strip().isidentifier():
         raise click.BadParameter(
             f"{text!r}: expected STEP.ARG=VALUE (an undo's step number and argument name), "
             "e.g. 3.status=open"
@@ -248,7 +253,7 @@ def parse_assignment(text: str) -> tuple[int, str, Any]:
         value = json.loads(raw)
     except ValueError:
         value = raw
-    return int(step), arg.strip(), value
+    return int(number), arg.strip(), value
 
 
 def corrections_from(assignments: list[str]) -> dict[int, dict[str, Any]]:

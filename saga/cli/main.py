@@ -90,7 +90,7 @@ def _failure(exc: Exception) -> Failure | None:
         return Failure(str(exc), ExitCode.MISSING_EXTRA)
     if isinstance(exc, errors.UnknownRunError):
         return Failure(str(exc), ExitCode.NOT_FOUND)
-    if isinstance(exc, errors.InvalidRunIdError):
+    if isinstance(exc, errors.InvalidRunIdError | errors.InvalidTextError):
         return Failure(str(exc), ExitCode.USAGE)
     if isinstance(exc, errors.DatabaseSchemaError):
         return Failure(str(exc), ExitCode.BAD_STATE)
@@ -105,9 +105,12 @@ def _failure(exc: Exception) -> Failure | None:
     sqlalchemy = sys.modules.get("sqlalchemy.exc")
     if sqlalchemy is not None and isinstance(exc, sqlalchemy.DBAPIError):
         connect = isinstance(exc, sqlalchemy.OperationalError | sqlalchemy.InterfaceError)
+        message = str(exc).splitlines()[0]
         if exc.connection_invalidated or connect:  # it does not answer (not: it refused)
-            message = str(exc).splitlines()[0]
             return Failure(f"the records database: {message}", ExitCode.UNREACHABLE)
+        # It answered and refused the statement (a value too long, a missing table): a bad
+        # state to look at, not a traceback.
+        return Failure(f"the records database refused it: {message}", ExitCode.BAD_STATE)
     return None
 
 

@@ -22,7 +22,7 @@ from saga.cli.context import (
     parse_since,
 )
 from saga.cli.escalations import accepts
-from saga.errors import NothingToRequeueError
+from saga.errors import InvalidTextError, NothingToRequeueError
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,10 @@ def test_set_values_are_json_when_they_parse_else_text(text: str, parsed: tuple[
     assert parse_assignment(text) == parsed
 
 
-@pytest.mark.parametrize("text", ["status=open", "x.status=open", "3.=open", "3.status", "3.a.b=1"])
+@pytest.mark.parametrize(
+    "text",
+    ["status=open", "x.status=open", "3.=open", "3.status", "3.a.b=1", "².x=1", "٣.x=1", " .x=1"],
+)
 def test_a_malformed_set_is_a_usage_error(text: str) -> None:
     with pytest.raises(click.BadParameter, match=r"STEP\.ARG=VALUE"):
         parse_assignment(text)
@@ -81,6 +84,39 @@ def test_urls_are_printed_without_their_password() -> None:
     assert mask("redis://user:s3cret@host:6379/0") == "redis://user:***@host:6379/0"
     assert mask("postgresql+psycopg://app:pw@db/saga") == "postgresql+psycopg://app:***@db/saga"
     assert mask("redis://host:6379/0") == "redis://host:6379/0"
+    assert mask("redis://saga:p/ss@w:rd@host/2") == "redis://saga:***@host/2"
+
+
+def _refused() -> Exception:
+    from sqlalchemy.exc import DataError
+
+    return DataError("INSERT ...", {}, Exception("value too long for type character varying"))
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "said"),
+    [
+        (_refused, ExitCode.BAD_STATE, "the records database refused it"),
+        (
+            lambda: InvalidTextError("by is 201 characters long: at most 200 are accepted"),
+            ExitCode.USAGE,
+            "by is 201 characters long",
+        ),
+    ],
+)
+def test_a_refused_statement_is_a_bad_state_and_unstorable_text_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, error: Any, code: ExitCode, said: str
+) -> None:
+    """No traceback: a statement the database refuses (a DataError) is exit 1, saying what it
+    said; a name or note that cannot be stored is exit 2, naming the field."""
+
+    class Refusing(NewSaga):
+        def requeue_failed_compensations(self, run_id: str, **options: Any) -> int:
+            raise error()
+
+    result = _invoke(monkeypatch, Refusing(), "requeue", "run-1", "--no-wait")
+    assert result.exit_code == code, result.output
+    assert said in result.output and "Traceback" not in result.output
 
 
 def test_an_app_that_cannot_be_loaded_is_a_usage_error() -> None:
