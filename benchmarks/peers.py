@@ -210,7 +210,10 @@ def measure_pass(args: argparse.Namespace, durable: bool) -> dict[str, Any]:
     systems.reset()
     client = redis.Redis.from_url(server.url)
     worker = WorkerProcess(
-        "benchmarks.bench_app", env=env, concurrency=args.concurrency, cwd=ROOT,
+        "benchmarks.bench_app",
+        env=env,
+        concurrency=args.concurrency,
+        cwd=ROOT,
         logfile=tmp / "worker.log",
     )
     peers: dict[str, DbosPeer] = {}
@@ -222,8 +225,9 @@ def measure_pass(args: argparse.Namespace, durable: bool) -> dict[str, Any]:
 
         bench_app.saga.records  # noqa: B018 - made before the first timed run
         peer_env = {**os.environ, **env}
-        peers["dbos-pg"] = DbosPeer(pg_url, args.inflight, peer_env)
-        if not durable:
+        if not args.without_dbos:
+            peers["dbos-pg"] = DbosPeer(pg_url, args.inflight, peer_env)
+        if not durable and not args.without_dbos:
             sqlite_url = f"sqlite:///{tmp / 'dbos.db'}"
             peers["dbos-sqlite"] = DbosPeer(sqlite_url, args.inflight, peer_env)
         pg_cpu = backend_cpu(pg_url)
@@ -233,6 +237,7 @@ def measure_pass(args: argparse.Namespace, durable: bool) -> dict[str, Any]:
             {"postgres": pg_cpu},
         )
         modes = ["saga", "dbos-pg"] if durable else ["bare", "saga", "dbos-pg", "dbos-sqlite"]
+        modes = [m for m in modes if m in ("bare", "saga") or m in peers]
         results: dict[str, Any] = {}
         for path in ("happy", "fail"):
             fail = path == "fail"
@@ -325,13 +330,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solo", type=int, default=15, help="solo runs for latency")
     parser.add_argument("--pass", dest="only", choices=("normal", "durable"), default=None)
     parser.add_argument("--json", action="store_true", help="print the pass's figures as JSON")
+    parser.add_argument("--without-dbos", action="store_true", help="bare and saga only")
     args = parser.parse_args(argv)
     args.postgres = os.environ.get("SAGA_TEST_POSTGRES_URL", DEFAULT_PG)
     if not PEERS_PYTHON.exists():
         parser.error(f"{PEERS_PYTHON} is missing: make bench-peers creates it")
     if args.only:  # one pass, in a process of its own (the saga app binds its Redis at import)
         table = summarise(measure_pass(args, args.only == "durable"))
-        print(json.dumps(table) if args.json else table)
+        if args.json:
+            print(json.dumps(table))
+        else:
+            render(f"{args.only} pass, per run:", table)
         return 0
     tables = {}
     for name in ("normal", "durable"):
@@ -345,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         f"flight, one prefork worker with concurrency {args.concurrency}; per run"
     )
     render("normal (Redis without AOF; PostgreSQL synchronous_commit=off):", tables["normal"])
-    render("durable (Redis appendfsync always; PostgreSQL synchronous_commit=on):", tables["durable"])
+    render(
+        "durable (Redis appendfsync always; PostgreSQL synchronous_commit=on):", tables["durable"]
+    )
     normal, durable = tables["normal"], tables["durable"]
 
     def ratio(table: dict[str, dict[str, float]], path: str, other: str, what: str) -> float:

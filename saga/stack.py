@@ -25,6 +25,7 @@ from saga.constants import (
     ACTIVE_RUNS_KEY,
     REAPER_PASS_KEY,
     agent_key,
+    ended_key,
     run_keys,
     script_keys,
     settled_key,
@@ -131,6 +132,9 @@ class RunHead:
 #: A revoke's claim saying the running execution was killed (SIGKILL): its lease ends with it.
 REVOKE_KILLED = "killed"
 
+#: Seconds a settle signal nobody took stays (as the scripts' ``notify`` sets it).
+_SIGNAL_EXPIRY = 300
+
 #: Connections per process at most, and how long a call waits for a free one (then the store
 #: is unavailable, as if Redis were away).
 _MAX_CONNECTIONS = 512
@@ -170,21 +174,7 @@ class RunStore:
             keys.append(extra)
         with _reachable(script):
             raw = self._scripts[script](keys=keys, args=list(args))
-        outcome = (
-            Outcome(str(raw[0]), tuple(raw[1:])) if isinstance(raw, list) else Outcome(str(raw))
-        )
-        if outcome.status == ILLEGAL:
-            machine, source, event = (str(v) for v in outcome.values)
-            logger.error(
-                "run %s: refused %s transition %r --%s--> (not in saga/machine.py's table; %s %s)",
-                run_id,
-                machine,
-                source,
-                event,
-                script,
-                list(args)[:1],
-            )
-        return outcome
+        return _outcome(script, run_id, raw, args)
 
     def now(self, exact: bool = False) -> float:
         """The Redis server's clock, the one every script records: this host's clock corrected
@@ -397,11 +387,17 @@ class RunStore:
             "record_compensation", run_id, step, outcome, _error_json(error), claim, owner
         )
 
-    def conclude(self, run_id: str, state: RunState, reason: str = "", owner: str = "") -> Outcome:
-        return self._call("conclude", run_id, state.value, reason, owner)
+    def conclude(
+        self, run_id: str, state: RunState, reason: str = "", owner: str = "", version: str = ""
+    ) -> Outcome:
+        """``version``: conclude only if the run is still at it (``moved`` otherwise)."""
+        return self._call("conclude", run_id, state.value, reason, owner, version)
 
-    def mark_recorded(self, run_id: str, version: str) -> bool:
-        return self._call("mark_recorded", run_id, version, self.retention_seconds).status == "ok"
+    def mark_recorded(self, run_id: str, version: str, notify: bool = True) -> bool:
+        """The record of ``version`` is written: let the keys expire, and (``notify``) wake
+        whoever waits for the run's end."""
+        args = (version, self.retention_seconds, int(notify))
+        return self._call("mark_recorded", run_id, *args, extra=ended_key(run_id)).status == "ok"
 
     def requeue(
         self,
@@ -508,24 +504,84 @@ class RunStore:
             state, result, error = self.client.hmget(run_keys(run_id)[1], fields)
         return cast(tuple[str | None, str | None, str | None], (state, result, error))
 
-    def wait_settled(self, run_id: str, step: int, timeout: float) -> None:
-        """Block until the step's scripts signal it settled, or ``timeout`` passes."""
-        with _reachable("wait_settled"):
-            self.client.blpop([settled_key(run_id, step)], timeout=max(timeout, 0.001))
+    def wait_outcome(
+        self, run_id: str, step: int, timeout: float
+    ) -> tuple[str | None, str | None, str | None]:
+        """Block until the step's scripts signal it settled (or ``timeout`` passes), then read
+        its outcome as ``step_outcome`` does: both in one round trip (Redis runs a pipeline's
+        commands in order, so the read waits behind the blocking pop)."""
+        fields = (f"{step}:state", f"{step}:result", f"{step}:error")
+        with _reachable("wait_outcome"), self.client.pipeline(transaction=False) as pipe:
+            pipe.blpop([settled_key(run_id, step)], timeout=max(timeout, 0.001))
+            pipe.hmget(run_keys(run_id)[1], fields)
+            _, (state, result, error) = pipe.execute()
+        return cast(tuple[str | None, str | None, str | None], (state, result, error))
+
+    def wait_signal(self, keys: list[str], timeout: float, keep: bool = False) -> bool:
+        """Block until one of ``keys`` (settle signals: lists the scripts push to) has a
+        signal, or ``timeout`` passes; True if one came. ``keep``: put it back for another
+        waiter (it expires as the script's would)."""
+        with _reachable("wait_signal"):
+            popped = self.client.blpop(keys, timeout=max(timeout, 0.001))
+            if popped is None:
+                return False
+            if keep:
+                with self.client.pipeline(transaction=False) as pipe:
+                    pipe.lpush(popped[0], popped[1])
+                    pipe.expire(popped[0], _SIGNAL_EXPIRY)
+                    pipe.execute()
+        return True
 
     def picture(self, run_id: str) -> RunPicture | None:
-        run_key, steps_key, inflight_key, stack_key, comps_key = run_keys(run_id)
         with _reachable("picture"), self.client.pipeline(transaction=True) as pipe:
-            pipe.hgetall(run_key)
-            pipe.hgetall(steps_key)
-            pipe.lrange(stack_key, 0, -1)
-            pipe.hgetall(comps_key)
-            pipe.hkeys(inflight_key)
-            pipe.hgetall(agent_key(run_id))
-            run, steps, stack, comps, inflight, agent = pipe.execute()
-        if not run:
-            return None
-        return picture_from(run_id, run, steps, stack, comps, inflight, agent)
+            _read_picture(pipe, run_id)
+            return _picture_of(run_id, pipe.execute())
+
+    def complete(self, run_id: str) -> tuple[Outcome, RunPicture | None]:
+        """Conclude a running run as completed and read it back, in one transaction (one
+        round trip): the outcome, and the picture as the conclusion left it."""
+        keys = script_keys(run_id)
+        args = [RunState.COMPLETED.value, "", ""]
+        with _reachable("conclude"), self.client.pipeline(transaction=True) as pipe:
+            self._scripts["conclude"](keys=keys, args=args, client=pipe)
+            _read_picture(pipe, run_id)
+            raw, *read = pipe.execute()
+        return _outcome("conclude", run_id, raw, args), _picture_of(run_id, read)
+
+
+def _outcome(script: str, run_id: str, raw: Any, args: Any) -> Outcome:
+    """A script's answer as an ``Outcome``; a transition its table refused is logged."""
+    outcome = Outcome(str(raw[0]), tuple(raw[1:])) if isinstance(raw, list) else Outcome(str(raw))
+    if outcome.status == ILLEGAL:
+        machine, source, event = (str(v) for v in outcome.values)
+        logger.error(
+            "run %s: refused %s transition %r --%s--> (not in saga/machine.py's table; %s %s)",
+            run_id,
+            machine,
+            source,
+            event,
+            script,
+            list(args)[:1],
+        )
+    return outcome
+
+
+def _read_picture(pipe: Any, run_id: str) -> None:
+    """Queue the reads of a whole run on ``pipe`` (``_picture_of`` makes their answers one)."""
+    run_key, steps_key, inflight_key, stack_key, comps_key = run_keys(run_id)
+    pipe.hgetall(run_key)
+    pipe.hgetall(steps_key)
+    pipe.lrange(stack_key, 0, -1)
+    pipe.hgetall(comps_key)
+    pipe.hkeys(inflight_key)
+    pipe.hgetall(agent_key(run_id))
+
+
+def _picture_of(run_id: str, read: list[Any]) -> RunPicture | None:
+    run, steps, stack, comps, inflight, agent = read
+    if not run:
+        return None
+    return picture_from(run_id, run, steps, stack, comps, inflight, agent)
 
 
 @contextmanager

@@ -1,5 +1,8 @@
 -- ARGV: outcome ('compensated' | 'escalated' | 'completed'), reason, owner (of the unwind
---       that concludes; a stale chain, or a message with no owner, must not conclude)
+--       that concludes; a stale chain, or a message with no owner, must not conclude),
+--       version ('' or the version the caller judged the run at: 'moved' if it changed since)
+-- {'ok', version, ended, reason, cause}: what the conclusion wrote, so a caller holding the
+-- run as it was at the version it passed knows the run as it is now without reading it again.
 -- Ends a run once. 'completed' needs a running run with nothing in flight; the others close
 -- an unwinding run whose compensations have all been tried: an undo pushed after the chain
 -- was sent (an effect that landed late) is still pending, and the owner must send it first.
@@ -13,6 +16,8 @@ elseif state ~= 'unwinding' then
   return {'ended', state}
 elseif ARGV[3] == '' or redis.call('HGET', RUN, 'owner') ~= ARGV[3] then
   return {'stale'}
+elseif ARGV[4] and ARGV[4] ~= '' and redis.call('HGET', RUN, 'version') ~= ARGV[4] then
+  return {'moved'}
 elseif redis.call('HGET', RUN, 'pivot') == '' then
   local fields = redis.call('HGETALL', COMPS)
   local pending = {}
@@ -37,4 +42,5 @@ if ARGV[2] ~= '' then
   redis.call('HSET', RUN, 'reason', ARGV[2])
 end
 bump()
-return {'ok', redis.call('HGET', RUN, 'version')}
+local run = redis.call('HMGET', RUN, 'version', 'reason', 'cause')
+return {'ok', run[1], NOW_S, run[2] or '', run[3] or ''}
