@@ -7,18 +7,19 @@
 -- an unwinding run whose compensations have all been tried: an undo pushed after the chain
 -- was sent (an effect that landed late) is still pending, and the owner must send it first.
 -- The run's keys expire only once its SQL record is written (mark_recorded).
-local state = redis.call('HGET', RUN, 'state')
+local run = redis.call('HMGET', RUN, 'state', 'version', 'reason', 'cause', 'owner', 'pivot')
+local state, version, reason, cause = run[1], run[2], run[3] or '', run[4] or ''
 if not state then return {'unknown'} end
 if ARGV[1] == 'completed' then
   if state ~= 'running' then return {'ended', state} end
   if redis.call('HLEN', INFLIGHT) > 0 then return {'inflight', unpack(redis.call('HKEYS', INFLIGHT))} end
 elseif state ~= 'unwinding' then
   return {'ended', state}
-elseif ARGV[3] == '' or redis.call('HGET', RUN, 'owner') ~= ARGV[3] then
+elseif ARGV[3] == '' or run[5] ~= ARGV[3] then
   return {'stale'}
-elseif ARGV[4] and ARGV[4] ~= '' and redis.call('HGET', RUN, 'version') ~= ARGV[4] then
+elseif ARGV[4] and ARGV[4] ~= '' and version ~= ARGV[4] then
   return {'moved'}
-elseif redis.call('HGET', RUN, 'pivot') == '' then
+elseif run[6] == '' then
   local fields = redis.call('HGETALL', COMPS)
   local pending = {}
   for i = 1, #fields, 2 do
@@ -32,15 +33,15 @@ end
 local events = {completed = 'complete', compensated = 'compensate', escalated = 'escalate'}
 local to = move('run', state, events[ARGV[1]] or '')
 if not to or to ~= ARGV[1] then return illegal('run', state, events[ARGV[1]] or ARGV[1]) end
-redis.call('HSET', RUN, 'state', to, 'ended', NOW_S, 'recorded', '0')
+local fields = {'state', to, 'ended', NOW_S, 'recorded', '0'}
 if ARGV[2] ~= '' then
   -- Keep what set the run failing ("step 4 failed", "aborted: ...") beside the verdict.
-  local run = redis.call('HMGET', RUN, 'reason', 'cause')
-  if (not run[2] or run[2] == '') and run[1] ~= ARGV[2] then
-    redis.call('HSET', RUN, 'cause', run[1])
+  if cause == '' and reason ~= ARGV[2] then
+    cause = reason
+    table.insert(fields, 'cause'); table.insert(fields, cause)
   end
-  redis.call('HSET', RUN, 'reason', ARGV[2])
+  reason = ARGV[2]
+  table.insert(fields, 'reason'); table.insert(fields, reason)
 end
-bump()
-local run = redis.call('HMGET', RUN, 'version', 'reason', 'cause')
-return {'ok', run[1], NOW_S, run[2] or '', run[3] or ''}
+bump_from(version, fields)
+return {'ok', tostring((tonumber(version) or 0) + 1), NOW_S, reason, cause}
