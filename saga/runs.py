@@ -136,13 +136,20 @@ class Run:
         records are written. If only the records are late (their database is away) when the
         time is up, the ended picture is returned: the end itself is final."""
         deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
+        store = self.saga.store
         while True:
-            picture = self.picture()
+            # The run's head says whether it is over (one read); the whole run is read once.
+            head = store.head(self.run_id)
+            if head is None:
+                raise UnknownRunError(f"no run {self.run_id}")
             remaining = deadline - time.monotonic()
-            if picture.state.ended and (picture.recorded or remaining <= 0):
-                return picture
+            if head.state.ended and (head.recorded or remaining <= 0):
+                picture = self.picture()
+                if picture.state.ended:
+                    return picture
+                continue  # reopened in between (an effect landed late): wait again
             if remaining <= 0:
-                raise WaitTimeoutError(f"run {self.run_id} still {picture.state.value}")
+                raise WaitTimeoutError(f"run {self.run_id} still {head.state.value}")
             # Woken when its record is written (mark_recorded); at least once a second, look
             # again (another waiter may have taken the signal).
             self.saga.store.wait_signal([ended_key(self.run_id)], min(remaining, 1.0))
