@@ -131,7 +131,6 @@ def celery_drivers(client: Any) -> dict[str, Driver]:
     from celery import chain
 
     from benchmarks import bench_app as b
-    from saga.errors import StepFailedError
 
     def bare(i: int, fail: bool) -> None:
         key = f"bench-{uuid.uuid4().hex}"
@@ -151,25 +150,7 @@ def celery_drivers(client: Any) -> dict[str, Driver]:
             raise TimeoutError(f"bare chain {key} did not finish within {TIMEOUT:.0f} s")
 
     def saga(i: int, fail: bool) -> None:
-        run = b.saga.start_run()
-        order = run.call("get_order", order_id=steps.ORDER).result(TIMEOUT)
-        credit = run.call("issue_credit", order_id=order["order_id"], amount_cents=100)
-        credit.result(TIMEOUT)
-        status = steps.STATUSES[i % 2]
-        run.call("set_ticket_status", ticket_id=steps.TICKET, status=status).result(TIMEOUT)
-        tool = "send_reply_bounced" if fail else "send_reply"
-        mail = run.call(tool, to=order["customer_email"], subject=steps.SUBJECT, body=steps.BODY)
-        if not fail:
-            mail.result(TIMEOUT)
-            run.finish(TIMEOUT)
-            return
-        try:
-            mail.result(TIMEOUT)
-        except StepFailedError:
-            pass
-        ended = run.wait(TIMEOUT)
-        if ended.state.value != "compensated":
-            raise RuntimeError(f"run {run.run_id} ended {ended.state.value}")
+        steps.drive_saga(b.saga, i, fail, TIMEOUT)
 
     return {
         "bare-happy": lambda i: bare(i, False),
@@ -184,6 +165,55 @@ def throughput(drive: Driver, runs: int, pool: ThreadPoolExecutor) -> float:
     for future in [pool.submit(drive, i) for i in range(runs)]:
         future.result(timeout=6 * TIMEOUT)
     return runs / (time.perf_counter() - start)
+
+
+class Contenders:
+    """The modes of one pass, driven alike: a round of runs, metered; solo runs, timed."""
+
+    def __init__(
+        self,
+        drivers: dict[str, Driver],
+        peers: dict[str, DbosPeer],
+        pool: ThreadPoolExecutor,
+        meter: costs.Meter,
+    ) -> None:
+        self.drivers, self.peers, self.pool, self.meter = drivers, peers, pool, meter
+
+    def round(self, mode: str, path: str, runs: int) -> float:
+        if mode in self.peers:
+            request = {"op": "round", "fail": path == "fail", "runs": runs}
+            return float(self.peers[mode].ask(request)["rate"])
+        return throughput(self.drivers[f"{mode}-{path}"], runs, self.pool)
+
+    def solo(self, mode: str, path: str, runs: int) -> list[float]:
+        if mode in self.peers:
+            request = {"op": "solo", "fail": path == "fail", "runs": runs}
+            return list(self.peers[mode].ask(request)["ms"])
+        times = []
+        for i in range(runs):
+            start = time.perf_counter()
+            self.drivers[f"{mode}-{path}"](i)
+            times.append((time.perf_counter() - start) * 1000)
+        return times
+
+    def measure(self, path: str, modes: list[str], args: argparse.Namespace) -> dict[str, Any]:
+        """Warm up, then interleaved rounds (CPU and commands metered), then solo runs."""
+        for mode in modes:  # imports, connections, pages, scripts
+            self.round(mode, path, args.inflight * 2)
+        results = {m: {"rates": [], "cpu": {}, "commands": 0, "runs": 0} for m in modes}
+        for _ in range(args.rounds):
+            for mode in modes:
+                entry = results[mode]
+                self.meter.start()
+                entry["rates"].append(self.round(mode, path, args.runs))
+                cpu, commands = self.meter.stop()
+                for name, seconds in cpu.items():
+                    entry["cpu"][name] = entry["cpu"].get(name, 0.0) + seconds
+                entry["commands"] += commands
+                entry["runs"] += args.runs
+        for mode in modes:
+            results[mode]["solo_p50"] = statistics.median(self.solo(mode, path, args.solo))
+        return {f"{mode}-{path}": entry for mode, entry in results.items()}
 
 
 def measure_pass(args: argparse.Namespace, durable: bool) -> dict[str, Any]:
@@ -238,42 +268,10 @@ def measure_pass(args: argparse.Namespace, durable: bool) -> dict[str, Any]:
         )
         modes = ["saga", "dbos-pg"] if durable else ["bare", "saga", "dbos-pg", "dbos-sqlite"]
         modes = [m for m in modes if m in ("bare", "saga") or m in peers]
+        contenders = Contenders(drivers, peers, pool, meter)
         results: dict[str, Any] = {}
         for path in ("happy", "fail"):
-            fail = path == "fail"
-
-            def run_round(mode: str, runs: int) -> float:
-                if mode in peers:
-                    request = {"op": "round", "fail": fail, "runs": runs}
-                    return float(peers[mode].ask(request)["rate"])
-                return throughput(drivers[f"{mode}-{path}"], runs, pool)
-
-            for mode in modes:  # warm-up: imports, connections, pages, scripts
-                run_round(mode, args.inflight * 2)
-            for mode in modes:
-                results[f"{mode}-{path}"] = {"rates": [], "cpu": {}, "commands": 0, "runs": 0}
-            for _ in range(args.rounds):
-                for mode in modes:
-                    entry = results[f"{mode}-{path}"]
-                    meter.start()
-                    entry["rates"].append(run_round(mode, args.runs))
-                    cpu, commands = meter.stop()
-                    for name, seconds in cpu.items():
-                        entry["cpu"][name] = entry["cpu"].get(name, 0.0) + seconds
-                    entry["commands"] += commands
-                    entry["runs"] += args.runs
-            for mode in modes:
-                entry = results[f"{mode}-{path}"]
-                if mode in peers:
-                    request = {"op": "solo", "fail": fail, "runs": args.solo}
-                    solo = peers[mode].ask(request)["ms"]
-                else:
-                    solo = []
-                    for i in range(args.solo):
-                        start = time.perf_counter()
-                        drivers[f"{mode}-{path}"](i)
-                        solo.append((time.perf_counter() - start) * 1000)
-                entry["solo_p50"] = statistics.median(solo)
+            results.update(contenders.measure(path, modes, args))
         return results
     except Exception:
         print(worker.log()[-3000:], file=sys.stderr)

@@ -53,3 +53,26 @@ def restore_status(ticket_id: int, status: str, key: str) -> dict[str, Any]:
 
 def reverse_credit(credit_id: str, key: str) -> dict[str, Any]:
     return systems.reverse_credit(credit_id, f"{key}:2:undo")
+
+
+def drive_saga(saga: Any, i: int, fail: bool, timeout: float) -> Any:
+    """One saga run of these steps, driven as an agent drives it (each result read before
+    the next call); failing, it waits for the unwind. Returns the run's last picture."""
+    from saga.errors import StepFailedError
+
+    run = saga.start_run()
+    order = run.call("get_order", order_id=ORDER).result(timeout)
+    run.call("issue_credit", order_id=order["order_id"], amount_cents=AMOUNT_CENTS).result(timeout)
+    run.call("set_ticket_status", ticket_id=TICKET, status=STATUSES[i % 2]).result(timeout)
+    tool = "send_reply_bounced" if fail else "send_reply"
+    mail = run.call(tool, to=order["customer_email"], subject=SUBJECT, body=BODY)
+    if not fail:
+        mail.result(timeout)
+        return run.finish(timeout)
+    try:
+        mail.result(timeout)
+    except StepFailedError:
+        ended = run.wait(timeout)
+        if ended.state.value == "compensated":
+            return ended
+    raise RuntimeError(f"run {run.run_id} did not fail and compensate")
