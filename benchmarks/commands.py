@@ -18,7 +18,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -27,6 +26,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks import costs  # noqa: E402
 
 _LINE = re.compile(
     r'^[\d.]+ \[\d+ (?P<source>lua|[\d.]+:(?P<port>\d+))\] "(?P<command>\w+)"(?P<rest>.*)$'
@@ -204,24 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     from saga.testing import RedisServer, WorkerProcess
 
     server = RedisServer("--appendonly", "no").start()
-    tmp = Path(tempfile.mkdtemp(prefix="saga-commands-"))
-    env = {
-        "SAGA_REDIS_URL": f"{server.url}/0?client_name=saga-caller",
-        "SAGA_BROKER_URL": server.url,
-        "SAGA_RESULT_BACKEND": server.url,
-        "SAGA_DEMO_DATA": str(tmp / "data"),
-        "SAGA_DATABASE_URL": f"sqlite:///{tmp / 'records.db'}",
-        "PYTHONPATH": str(ROOT),
-    }
-    os.environ.update(env)
+    store = f"{server.url}/0?client_name=saga-caller"
+    env = costs.bench_environment(server.url, "saga-commands-", store)
+    tmp = Path(env["SAGA_DEMO_DATA"]).parent
     worker_env = {**env, "SAGA_REDIS_URL": f"{server.url}/0?client_name=saga-worker"}
     worker = WorkerProcess(
         "benchmarks.bench_app", env=worker_env, cwd=ROOT, logfile=tmp / "worker.log"
     )
     try:
-        from tasks import systems
-
-        systems.reset()
         worker.start()
         for fail in (False, True, False, True):  # warm-up: every script loaded, every pool
             trace(fail)

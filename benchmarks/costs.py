@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,3 +98,24 @@ class Meter:
         end = self._read()
         commands = total_commands(self.client) - self._commands - 3
         return {k: end[k] - self._start[k] for k in end}, commands
+
+
+def bench_environment(redis_url: str, prefix: str, store_url: str = "") -> dict[str, str]:
+    """A private Redis for broker, results and stack (``store_url``: the stack's, if it
+    differs), throwaway systems and records; set in this process (before the apps read their
+    configuration) and given to the worker. The three systems are reset."""
+    root = Path(__file__).resolve().parents[1]
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    env = {
+        "SAGA_REDIS_URL": store_url or redis_url,
+        "SAGA_BROKER_URL": redis_url,
+        "SAGA_RESULT_BACKEND": redis_url,
+        "SAGA_DEMO_DATA": str(tmp / "data"),
+        "SAGA_DATABASE_URL": f"sqlite:///{tmp / 'records.db'}",
+        "PYTHONPATH": str(root),
+    }
+    os.environ.update(env)
+    from tasks import systems
+
+    systems.reset()
+    return env

@@ -28,7 +28,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -225,19 +224,10 @@ def measure_pass(args: argparse.Namespace, durable: bool) -> dict[str, Any]:
     persistence = ("--appendonly", "yes", "--appendfsync", "always") if durable else ()
     server = RedisServer("--appendonly", "no", *persistence).start()
     pg_url, drop_database = postgres_database(args.postgres, durable)
-    tmp = Path(tempfile.mkdtemp(prefix="saga-peers-"))
-    env = {
-        "SAGA_REDIS_URL": server.url,
-        "SAGA_BROKER_URL": server.url,
-        "SAGA_RESULT_BACKEND": server.url,
-        "SAGA_DEMO_DATA": str(tmp / "data"),
-        "SAGA_DATABASE_URL": f"sqlite:///{tmp / 'records.db'}",
-        "PYTHONPATH": str(ROOT),
-    }
-    os.environ.update(env)
+    env = costs.bench_environment(server.url, "saga-peers-")
+    tmp = Path(env["SAGA_DEMO_DATA"]).parent
     from tasks import systems
 
-    systems.reset()
     client = redis.Redis.from_url(server.url)
     worker = WorkerProcess(
         "benchmarks.bench_app",

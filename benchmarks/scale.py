@@ -15,10 +15,8 @@ Flat is the goal: nothing on the hot path may scan every run. The last line:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -100,19 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     from saga.testing import RedisServer, WorkerProcess
 
     server = RedisServer("--appendonly", "no").start()
-    tmp = Path(tempfile.mkdtemp(prefix="saga-scale-"))
-    env = {
-        "SAGA_REDIS_URL": server.url,
-        "SAGA_BROKER_URL": server.url,
-        "SAGA_RESULT_BACKEND": server.url,
-        "SAGA_DEMO_DATA": str(tmp / "data"),
-        "SAGA_DATABASE_URL": f"sqlite:///{tmp / 'records.db'}",
-        "PYTHONPATH": str(ROOT),
-    }
-    os.environ.update(env)
+    env = costs.bench_environment(server.url, "saga-scale-")
+    tmp = Path(env["SAGA_DEMO_DATA"]).parent
     from tasks import systems
 
-    systems.reset()
     client = redis.Redis.from_url(server.url)
     worker = WorkerProcess("benchmarks.bench_app", env=env, cwd=ROOT, logfile=tmp / "worker.log")
     rows: dict[int, dict[str, float]] = {}
