@@ -17,7 +17,7 @@ APP_MODULE = $(firstword $(subst :, ,$(SAGA_APP)))
 # The image's dependencies (Dockerfile), pinned with hashes: `make lock` after changing them.
 LOCK_EXTRAS := postgres metrics flower openai anthropic api
 
-.PHONY: install demo test lint bench bench-agents chaos modelcheck worker turns beat flower lock clean
+.PHONY: install demo test lint bench bench-agents bench-peers bench-scale chaos modelcheck worker turns beat flower lock clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,23 @@ lint: $(INSTALLED)
 
 bench: $(INSTALLED)
 	scripts/with-redis $(BIN)/python benchmarks/overhead.py --runs $(or $(RUNS),300)
+
+# saga against a bare Celery chain and DBOS Transact (PostgreSQL at SAGA_TEST_POSTGRES_URL, and
+# SQLite), happy and failing, plain and durable; DBOS in its own virtualenv (.venv-peers).
+# make bench-peers RUNS=N (runs per round, default 150). Starts its own redis-servers.
+PEERS_VENV := .venv-peers
+$(PEERS_VENV)/.installed: benchmarks/peers-requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/pip install --quiet -r benchmarks/peers-requirements.txt
+	touch $(PEERS_VENV)/.installed
+
+bench-peers: $(INSTALLED) $(PEERS_VENV)/.installed
+	$(BIN)/python benchmarks/peers.py --runs $(or $(RUNS),150)
+
+# The cost of a step with 10, 1,000 and 10,000 runs open; the reaper's pass; Redis memory.
+bench-scale: $(INSTALLED)
+	$(BIN)/python benchmarks/scale.py
 
 # Hosted agent runs enqueued at once against the same runs driven from threads (it starts its
 # own turn and tool workers).
@@ -81,4 +98,4 @@ lock: $(INSTALLED)
 		--python-version 3.11 --python-platform linux --quiet -o requirements.lock
 
 clean:
-	rm -rf $(VENV) .demo-data .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(PEERS_VENV) .demo-data .pytest_cache .mypy_cache .ruff_cache *.egg-info

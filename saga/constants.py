@@ -108,6 +108,12 @@ def settled_key(run_id: str, step: int) -> str:
     return f"{KEY_PREFIX}:{{{run_id}}}:settled:{step}"
 
 
+def ended_key(run_id: str) -> str:
+    """The list a client waiting for the run's end blocks on; pushed once its record is
+    written (``mark_recorded``)."""
+    return f"{KEY_PREFIX}:{{{run_id}}}:ended"
+
+
 def step_idempotency_key(run_id: str, step: int) -> str:
     return f"{run_id}:{step}"
 

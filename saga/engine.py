@@ -13,6 +13,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, chain
@@ -60,6 +61,8 @@ _RESERVE_ATTEMPTS = 100
 LEASE_MARGIN_SECONDS = 2.0
 #: The lease when the app sets no time limit (the start-up guard refuses that on Redis).
 _DEFAULT_TIME_LIMIT = 300.0
+#: Characters of a step's arguments shown in Flower (Celery's own repr limit).
+_REPR = 1024
 #: Seconds past a run's retention before the reaper checks its keys are gone.
 _EXPIRY_MARGIN = 60.0
 
@@ -235,6 +238,12 @@ class Saga:
                 tool_task_name(tool_name),
                 kwargs={"run_id": run_id, "step": step, "args": wire_args},
                 task_id=f"{run_id}:{step}",
+                # The outcome lives in the saga store: no result backend subscription (a
+                # SUBSCRIBE and an UNSUBSCRIBE per step). What Flower shows of the arguments is
+                # the JSON already encoded, not a second, recursive repr of them.
+                ignore_result=True,
+                argsrepr="()",
+                kwargsrepr=f"{{'run_id': {run_id!r}, 'step': {step}, 'args': {args_json[:_REPR]}}}",
             )
         except Exception as exc:
             error = {"type": type(exc).__name__, "message": str(exc)}
@@ -293,16 +302,20 @@ class Saga:
     # -- ending ---------------------------------------------------------------------------
 
     def complete(self, run_id: str) -> RunPicture:
-        outcome = self.store.conclude(run_id, RunState.COMPLETED)
-        if outcome.status == "unknown":
+        # Concluded and read back in one round trip; the picture recorded is the one returned.
+        outcome, picture = self.store.complete(run_id)
+        if outcome.status == "unknown" or picture is None:
             raise UnknownRunError(f"no run {run_id}")
         if outcome.status == "ended":
             self._record_if_pending(run_id)
             raise RunEndedError(run_id, str(outcome.values[0]))
         if outcome.status == "inflight":
             raise StepsInFlightError(run_id, sorted(int(s) for s in outcome.values))
-        self._record_or_leave_to_reaper(run_id)
-        return self.picture(run_id)
+        if outcome.status != "ok":  # refused (logged by the script's table check): as it is
+            return self.picture(run_id)
+        # Whoever waits for this run's end is this caller: no signal to send.
+        recorded = self._record_or_leave_to_reaper(run_id, picture, notify=False)
+        return recorded or self.picture(run_id)
 
     def fail_to_start(self, run_id: str, reason: str) -> bool:
         """End a running run that never reserved a step (``failed_to_start``): nothing ran,
@@ -404,15 +417,27 @@ class Saga:
         ``owner`` is the unwind whose chain concludes: a chain the reaper has since replaced
         (its owner died, then its messages came back late) must not end the run early. An
         undo pushed after the chain was sent (an effect that landed late) is sent first.
-        ``sent_at``: when the chain was sent (Redis clock), to time the unwind."""
-        picture = self.picture(run_id)
-        if picture.state.ended:
-            self._record_if_pending(run_id)
-            return picture.state
-        if picture.state is not RunState.UNWINDING:
-            return picture.state
-        state, reason = rules.conclusion(picture)
-        outcome = self.store.conclude(run_id, state, reason or picture.reason, owner)
+        ``sent_at``: when the chain was sent (Redis clock), to time the unwind.
+
+        The verdict is judged on one reading of the run and concluded only if the run is still
+        at that version; the record is then written from the same reading, with what the
+        conclusion changed, instead of reading the run again."""
+        for _ in range(_RESERVE_ATTEMPTS):
+            picture = self.picture(run_id)
+            if picture.state.ended:
+                self._record_if_pending(run_id)
+                return picture.state
+            if picture.state is not RunState.UNWINDING:
+                return picture.state
+            state, reason = rules.conclusion(picture)
+            reason = reason or picture.reason
+            outcome = self.store.conclude(run_id, state, reason, owner, picture.version)
+            if outcome.status != "moved":
+                break
+        else:
+            raise RunContendedError(
+                f"run {run_id} kept changing; its conclusion is left to the reaper"
+            )
         if outcome.status == "pending":
             logger.warning("run %s: undo(s) %s still to run; sending them", run_id, outcome.values)
             self.start_unwind(run_id, owner)
@@ -423,26 +448,46 @@ class Saga:
             return self.picture(run_id).state
         if sent_at is not None:
             metrics.unwind_ended(state.value, self.store.now() - sent_at)
-        self._record_or_leave_to_reaper(run_id)
+        version, ended, reason, cause = (str(v) for v in outcome.values[:4])
+        concluded = replace(
+            picture,
+            state=state,
+            reason=reason,
+            cause=cause,
+            ended=float(ended),
+            updated=float(ended),
+            version=version,
+            recorded=False,
+            resolution=None,  # a resolution holds only at the version it was made at
+        )
+        self._record_or_leave_to_reaper(run_id, concluded)
         return state
 
-    def record_end(self, run_id: str) -> None:
+    def record_end(
+        self, run_id: str, picture: RunPicture | None = None, notify: bool = True
+    ) -> RunPicture | None:
         """Write an ended run's SQL records (and an escalation's row), call the hooks, then let
         its Redis keys expire. Until this succeeds the run stays unrecorded and the reaper
-        tries again: Redis and SQL never end up telling different stories."""
-        picture = self.picture(run_id)
+        tries again: Redis and SQL never end up telling different stories.
+
+        ``picture``: the run as just read (not read again); its version fences the record, so
+        a run that moved on since keeps its keys. ``notify``: wake ``Run.wait()``. Returns the
+        picture recorded, or None."""
+        picture = picture or self.picture(run_id)
         if not picture.state.ended:
-            return
+            return None
         escalation = self.records.record_outcome(picture)
         if escalation is not None and not escalation.resolved:  # resolved: nobody to tell
             self.escalated(escalation)
         self._call_hook(self.hooks.on_run_ended, picture, picture.state.value, picture.reason)
-        if self.store.mark_recorded(run_id, picture.version):
-            metrics.run_ended(picture.state.value)
-            telemetry.run_ended(picture)
-            # Look again when the keys have expired, to drop the run from the index.
-            expiry = self.store.now() + self.store.retention_seconds + _EXPIRY_MARGIN
-            self.store.schedule(run_id, expiry)
+        if not self.store.mark_recorded(run_id, picture.version, notify):
+            return None
+        metrics.run_ended(picture.state.value)
+        telemetry.run_ended(picture)
+        # Look again when the keys have expired, to drop the run from the index.
+        expiry = self.store.now() + self.store.retention_seconds + _EXPIRY_MARGIN
+        self.store.schedule(run_id, expiry)
+        return replace(picture, recorded=True)
 
     def escalated(self, escalation: EscalationRecord) -> None:
         """A person must take over: the ERROR log and the notices (``saga.notifications``),
@@ -458,14 +503,17 @@ class Saga:
         if picture is not None and picture.state.ended and not picture.recorded:
             self._record_or_leave_to_reaper(run_id)
 
-    def _record_or_leave_to_reaper(self, run_id: str) -> None:
+    def _record_or_leave_to_reaper(
+        self, run_id: str, picture: RunPicture | None = None, notify: bool = True
+    ) -> RunPicture | None:
         try:
-            self.record_end(run_id)
+            return self.record_end(run_id, picture, notify)
         except SQLAlchemyError as exc:
             # The run has ended in Redis; its keys stay until the record is written, and the
             # reaper's next pass tries again.
             logger.error("run %s: record not written yet (%s); the reaper retries", run_id, exc)
             self.store.schedule(run_id, self.store.now())
+            return None
 
     def landed_late(self, run_id: str) -> None:
         """An effect landed after its step was judged and its run ended: the run is reopened

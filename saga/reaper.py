@@ -251,7 +251,10 @@ def _resolve_step(
             report.never_started.append((run_id, step))
         if outcome.owns_unwind:
             saga.start_unwind(run_id, f"step:{step}")
-        saga.step_settled(run_id, step)
+        # The script checked the step's hosted turn when it settled it: a turn it completed
+        # is this caller's to move on (``turn_done``).
+        turn_done = int(outcome.values[1]) if outcome.status == "ok" else None
+        saga.step_settled(run_id, step, turn_done)
         return
     if state in (StepState.RUNNING, StepState.IN_DOUBT):
         error = {"type": "NoOutcome", "message": f"no outcome after {idle}s"}

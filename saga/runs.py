@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from saga import payload
+from saga.constants import ended_key, settled_key
 from saga.errors import (
     StepFailedError,
     StepInDoubtError,
@@ -24,15 +25,6 @@ from saga.validation import check_text
 
 if TYPE_CHECKING:
     from saga.engine import Saga
-
-_FIRST_POLL = 0.001
-_LONGEST_POLL = 0.05
-
-
-def _poll(deadline: float, delay: float) -> float:
-    """Sleep a little longer each time, never past the deadline; return the next delay."""
-    time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
-    return min(delay * 2, _LONGEST_POLL)
 
 
 class StepHandle:
@@ -63,13 +55,17 @@ class StepHandle:
         """The tool's result once the step succeeded; ``StepFailedError`` if it failed for good."""
         deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
         while True:
-            if not self._settled:
+            store = self.saga.store
+            if self._settled:
+                state, result, error = store.step_outcome(self.run_id, self.step)
+            else:
                 # Woken by the script that settles the step (the signal waits in a list if
                 # it came first); re-read at least once a second in case another waiter
                 # took the signal.
                 remaining = max(0.0, deadline - time.monotonic())
-                self.saga.store.wait_settled(self.run_id, self.step, min(remaining, 1.0))
-            state, result, error = self.saga.store.step_outcome(self.run_id, self.step)
+                state, result, error = store.wait_outcome(
+                    self.run_id, self.step, min(remaining, 1.0)
+                )
             self._settled = state not in (StepState.DISPATCHED, StepState.RUNNING)
             if state == StepState.SUCCEEDED:
                 return payload.loads(result)
@@ -118,15 +114,19 @@ class Run:
         """Complete the run once every step has settled (waiting up to ``timeout``)."""
         from saga.errors import StepsInFlightError
 
+        store = self.saga.store
         deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
-        delay = _FIRST_POLL
         while True:
             try:
                 return self.saga.complete(self.run_id)
-            except StepsInFlightError:
-                if time.monotonic() >= deadline:
+            except StepsInFlightError as exc:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise
-            delay = _poll(deadline, delay)
+                # Woken by the first of them to settle (the signal is put back for whoever
+                # waits on that step's result); at least once a second, look again.
+                keys = [settled_key(self.run_id, step) for step in exc.steps]
+                store.wait_signal(keys, min(remaining, 1.0), keep=True)
 
     def abort(self, reason: str) -> None:
         """Unwind on the agent's request (or escalate, if the run is past its pivot)."""
@@ -137,11 +137,20 @@ class Run:
         records are written. If only the records are late (their database is away) when the
         time is up, the ended picture is returned: the end itself is final."""
         deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
-        delay = _FIRST_POLL
+        store = self.saga.store
         while True:
-            picture = self.picture()
-            if picture.state.ended and (picture.recorded or time.monotonic() >= deadline):
-                return picture
-            if time.monotonic() >= deadline:
-                raise WaitTimeoutError(f"run {self.run_id} still {picture.state.value}")
-            delay = _poll(deadline, delay)
+            # The run's head says whether it is over (one read); the whole run is read once.
+            head = store.head(self.run_id)
+            if head is None:
+                raise UnknownRunError(f"no run {self.run_id}")
+            remaining = deadline - time.monotonic()
+            if head.state.ended and (head.recorded or remaining <= 0):
+                picture = self.picture()
+                if picture.state.ended:
+                    return picture
+                continue  # reopened in between (an effect landed late): wait again
+            if remaining <= 0:
+                raise WaitTimeoutError(f"run {self.run_id} still {head.state.value}")
+            # Woken when its record is written (mark_recorded); at least once a second, look
+            # again (another waiter may have taken the signal).
+            self.saga.store.wait_signal([ended_key(self.run_id)], min(remaining, 1.0))

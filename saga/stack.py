@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from saga import payload
 from saga.constants import (
@@ -26,6 +27,7 @@ from saga.constants import (
     CREATED_RUNS_KEY,
     REAPER_PASS_KEY,
     agent_key,
+    ended_key,
     run_keys,
     script_keys,
     settled_key,
@@ -137,6 +139,9 @@ class RunHead:
 #: A revoke's claim saying the running execution was killed (SIGKILL): its lease ends with it.
 REVOKE_KILLED = "killed"
 
+#: Seconds a settle signal nobody took stays (as the scripts' ``notify`` sets it).
+_SIGNAL_EXPIRY = 300
+
 #: Connections per process at most, and how long a call waits for a free one (then the store
 #: is unavailable, as if Redis were away).
 _MAX_CONNECTIONS = 512
@@ -176,21 +181,7 @@ class RunStore:
             keys.append(extra)
         with _reachable(script):
             raw = self._scripts[script](keys=keys, args=list(args))
-        outcome = (
-            Outcome(str(raw[0]), tuple(raw[1:])) if isinstance(raw, list) else Outcome(str(raw))
-        )
-        if outcome.status == ILLEGAL:
-            machine, source, event = (str(v) for v in outcome.values)
-            logger.error(
-                "run %s: refused %s transition %r --%s--> (not in saga/machine.py's table; %s %s)",
-                run_id,
-                machine,
-                source,
-                event,
-                script,
-                list(args)[:1],
-            )
-        return outcome
+        return _outcome(script, run_id, raw, args)
 
     def now(self, exact: bool = False) -> float:
         """The Redis server's clock, the one every script records: this host's clock corrected
@@ -225,28 +216,41 @@ class RunStore:
         are written here, not in the script, so every script touches one run's keys only (one
         hash tag: Redis Cluster)."""
         created = f"{self.now():.6f}"
+        args = (int(allow_after_pivot), deadline, agent, input_json, created)
+
+        def queue(pipe: Any) -> None:
+            pipe.zadd(ACTIVE_RUNS_KEY, {run_id: float(created) + deadline})
+            pipe.zadd(CREATED_RUNS_KEY, {run_id: float(created)}, nx=True)
+            self._queue_script(pipe, "create", run_id, args)
+
+        *_, made = self._pipelined("create", queue, transaction=False)
+        return str(made) == "1"
+
+    def _queue_script(self, pipe: Any, name: str, run_id: str, args: Sequence[Any]) -> None:
+        """Queue script ``name`` on ``pipe`` by its SHA alone: redis-py's own pipelined scripts
+        cost a SCRIPT EXISTS round trip on every execute."""
         keys = script_keys(run_id)
-        args: list[str | int | float] = [
-            int(allow_after_pivot),
-            deadline,
-            agent,
-            input_json,
-            created,
-        ]
-        script = self._scripts["create"]
-        with _reachable("create"):
-            with self.client.pipeline(transaction=False) as pipe:
-                pipe.zadd(ACTIVE_RUNS_KEY, {run_id: float(created) + deadline})
-                pipe.zadd(CREATED_RUNS_KEY, {run_id: float(created)}, nx=True)
-                # EVALSHA itself: redis-py's pipelined scripts cost a SCRIPT EXISTS each time.
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-                *indexed, made = pipe.execute(raise_on_error=False)
-            if isinstance(made, redis.exceptions.NoScriptError):  # a Redis that restarted
-                made = script(keys=keys, args=args)
-            for answer in (*indexed, made):
+        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+
+    def _pipelined(
+        self, name: str, queue: Callable[[Any], None], *, transaction: bool
+    ) -> list[Any]:
+        """Run the commands ``queue`` puts on a pipeline (script ``name`` among them) in one
+        round trip; once more after loading the script if Redis did not have it (it
+        restarted): every command queued must be safe to repeat."""
+        with _reachable(name):
+            for attempt in (1, 2):
+                with self.client.pipeline(transaction=transaction) as pipe:
+                    queue(pipe)
+                    answers: list[Any] = pipe.execute(raise_on_error=False)
+                if attempt == 1 and any(isinstance(a, NoScriptError) for a in answers):
+                    self.client.script_load(self._scripts[name].script)
+                    continue
+                break
+            for answer in answers:
                 if isinstance(answer, Exception):
                     raise answer
-        return str(made) == "1"
+        return answers
 
     def schedule(self, run_id: str, at: float) -> None:
         """Have the reaper look at the run at ``at`` (Redis clock)."""
@@ -431,11 +435,17 @@ class RunStore:
             "record_compensation", run_id, step, outcome, _error_json(error), claim, owner
         )
 
-    def conclude(self, run_id: str, state: RunState, reason: str = "", owner: str = "") -> Outcome:
-        return self._call("conclude", run_id, state.value, reason, owner)
+    def conclude(
+        self, run_id: str, state: RunState, reason: str = "", owner: str = "", version: str = ""
+    ) -> Outcome:
+        """``version``: conclude only if the run is still at it (``moved`` otherwise)."""
+        return self._call("conclude", run_id, state.value, reason, owner, version)
 
-    def mark_recorded(self, run_id: str, version: str) -> bool:
-        return self._call("mark_recorded", run_id, version, self.retention_seconds).status == "ok"
+    def mark_recorded(self, run_id: str, version: str, notify: bool = True) -> bool:
+        """The record of ``version`` is written: let the keys expire, and (``notify``) wake
+        whoever waits for the run's end."""
+        args = (version, self.retention_seconds, int(notify))
+        return self._call("mark_recorded", run_id, *args, extra=ended_key(run_id)).status == "ok"
 
     def requeue(
         self,
@@ -573,24 +583,85 @@ class RunStore:
             state, result, error = self.client.hmget(run_keys(run_id)[1], fields)
         return cast(tuple[str | None, str | None, str | None], (state, result, error))
 
-    def wait_settled(self, run_id: str, step: int, timeout: float) -> None:
-        """Block until the step's scripts signal it settled, or ``timeout`` passes."""
-        with _reachable("wait_settled"):
-            self.client.blpop([settled_key(run_id, step)], timeout=max(timeout, 0.001))
+    def wait_outcome(
+        self, run_id: str, step: int, timeout: float
+    ) -> tuple[str | None, str | None, str | None]:
+        """Block until the step's scripts signal it settled (or ``timeout`` passes), then read
+        its outcome as ``step_outcome`` does: both in one round trip (Redis runs a pipeline's
+        commands in order, so the read waits behind the blocking pop)."""
+        fields = (f"{step}:state", f"{step}:result", f"{step}:error")
+        with _reachable("wait_outcome"), self.client.pipeline(transaction=False) as pipe:
+            pipe.blpop([settled_key(run_id, step)], timeout=max(timeout, 0.001))
+            pipe.hmget(run_keys(run_id)[1], fields)
+            _, (state, result, error) = pipe.execute()
+        return cast(tuple[str | None, str | None, str | None], (state, result, error))
+
+    def wait_signal(self, keys: list[str], timeout: float, keep: bool = False) -> bool:
+        """Block until one of ``keys`` (settle signals: lists the scripts push to) has a
+        signal, or ``timeout`` passes; True if one came. ``keep``: put it back for another
+        waiter (it expires as the script's would)."""
+        with _reachable("wait_signal"):
+            popped = self.client.blpop(keys, timeout=max(timeout, 0.001))
+            if popped is None:
+                return False
+            if keep:
+                with self.client.pipeline(transaction=False) as pipe:
+                    pipe.lpush(popped[0], popped[1])
+                    pipe.expire(popped[0], _SIGNAL_EXPIRY)
+                    pipe.execute()
+        return True
 
     def picture(self, run_id: str) -> RunPicture | None:
-        run_key, steps_key, inflight_key, stack_key, comps_key = run_keys(run_id)
         with _reachable("picture"), self.client.pipeline(transaction=True) as pipe:
-            pipe.hgetall(run_key)
-            pipe.hgetall(steps_key)
-            pipe.lrange(stack_key, 0, -1)
-            pipe.hgetall(comps_key)
-            pipe.hkeys(inflight_key)
-            pipe.hgetall(agent_key(run_id))
-            run, steps, stack, comps, inflight, agent = pipe.execute()
-        if not run:
-            return None
-        return picture_from(run_id, run, steps, stack, comps, inflight, agent)
+            _read_picture(pipe, run_id)
+            return _picture_of(run_id, pipe.execute())
+
+    def complete(self, run_id: str) -> tuple[Outcome, RunPicture | None]:
+        """Conclude a running run as completed and read it back, in one transaction (one
+        round trip): the outcome, and the picture as the conclusion left it."""
+        args = [RunState.COMPLETED.value, "", ""]
+
+        def queue(pipe: Any) -> None:
+            self._queue_script(pipe, "conclude", run_id, args)
+            _read_picture(pipe, run_id)
+
+        raw, *read = self._pipelined("conclude", queue, transaction=True)
+        return _outcome("conclude", run_id, raw, args), _picture_of(run_id, read)
+
+
+def _outcome(script: str, run_id: str, raw: Any, args: Any) -> Outcome:
+    """A script's answer as an ``Outcome``; a transition its table refused is logged."""
+    outcome = Outcome(str(raw[0]), tuple(raw[1:])) if isinstance(raw, list) else Outcome(str(raw))
+    if outcome.status == ILLEGAL:
+        machine, source, event = (str(v) for v in outcome.values)
+        logger.error(
+            "run %s: refused %s transition %r --%s--> (not in saga/machine.py's table; %s %s)",
+            run_id,
+            machine,
+            source,
+            event,
+            script,
+            list(args)[:1],
+        )
+    return outcome
+
+
+def _read_picture(pipe: Any, run_id: str) -> None:
+    """Queue the reads of a whole run on ``pipe`` (``_picture_of`` makes their answers one)."""
+    run_key, steps_key, inflight_key, stack_key, comps_key = run_keys(run_id)
+    pipe.hgetall(run_key)
+    pipe.hgetall(steps_key)
+    pipe.lrange(stack_key, 0, -1)
+    pipe.hgetall(comps_key)
+    pipe.hkeys(inflight_key)
+    pipe.hgetall(agent_key(run_id))
+
+
+def _picture_of(run_id: str, read: list[Any]) -> RunPicture | None:
+    run, steps, stack, comps, inflight, agent = read
+    if not run:
+        return None
+    return picture_from(run_id, run, steps, stack, comps, inflight, agent)
 
 
 @contextmanager

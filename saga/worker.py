@@ -491,7 +491,9 @@ def _record_failure(saga: Saga, run_id: str, step: int, error: dict[str, Any], e
     )
     if outcome.owns_unwind:
         saga.start_unwind(run_id, f"step:{step}")
-    saga.step_settled(run_id, step)
+    # The script checked the step's hosted turn when it settled it (not on a repeat).
+    turn_done = int(outcome.values[1]) if outcome.status == "ok" else None
+    saga.step_settled(run_id, step, turn_done)
 
 
 def _settle_success_patiently(

@@ -42,6 +42,17 @@ local function progress()
   if redis.call('HGET', RUN, 'state') == 'running' then bump() end
 end
 
+-- bump() for a script that has read the run's version already: the version, 'updated' and
+-- any other run fields given ({field, value, ...}) in one write.
+local function bump_from(version, fields)
+  fields = fields or {}
+  table.insert(fields, 'version')
+  table.insert(fields, (tonumber(version) or 0) + 1)
+  table.insert(fields, 'updated')
+  table.insert(fields, NOW_S)
+  redis.call('HSET', RUN, unpack(fields))
+end
+
 -- A lease is held while its claim is set and its time has not run out.
 local function leased(hash, n)
   local lease = redis.call('HMGET', hash, n .. ':claim', n .. ':lease')

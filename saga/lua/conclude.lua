@@ -1,12 +1,16 @@
 -- ARGV: outcome ('compensated' | 'escalated' | 'completed' | 'failed_to_start'), reason,
 --       owner (of the unwind that concludes; a stale chain, or a message with no owner, must
---       not conclude)
+--       not conclude), version ('' or the version the caller judged the run at: 'moved' if
+--       it changed since)
+-- {'ok', version, ended, reason, cause}: what the conclusion wrote, so a caller holding the
+-- run as it was at the version it passed knows the run as it is now without reading it again.
 -- Ends a run once. 'completed' needs a running run with nothing in flight, 'failed_to_start'
 -- a running run that never reserved a step ('started' otherwise); the others close an
 -- unwinding run whose compensations have all been tried: an undo pushed after the chain
 -- was sent (an effect that landed late) is still pending, and the owner must send it first.
 -- The run's keys expire only once its SQL record is written (mark_recorded).
-local state = redis.call('HGET', RUN, 'state')
+local run = redis.call('HMGET', RUN, 'state', 'version', 'reason', 'cause', 'owner', 'pivot')
+local state, version, reason, cause = run[1], run[2], run[3] or '', run[4] or ''
 if not state then return {'unknown'} end
 if ARGV[1] == 'completed' or ARGV[1] == 'failed_to_start' then
   if state ~= 'running' then return {'ended', state} end
@@ -16,9 +20,11 @@ if ARGV[1] == 'completed' or ARGV[1] == 'failed_to_start' then
   if redis.call('HLEN', INFLIGHT) > 0 then return {'inflight', unpack(redis.call('HKEYS', INFLIGHT))} end
 elseif state ~= 'unwinding' then
   return {'ended', state}
-elseif ARGV[3] == '' or redis.call('HGET', RUN, 'owner') ~= ARGV[3] then
+elseif ARGV[3] == '' or run[5] ~= ARGV[3] then
   return {'stale'}
-elseif redis.call('HGET', RUN, 'pivot') == '' then
+elseif ARGV[4] and ARGV[4] ~= '' and version ~= ARGV[4] then
+  return {'moved'}
+elseif run[6] == '' then
   local fields = redis.call('HGETALL', COMPS)
   local pending = {}
   for i = 1, #fields, 2 do
@@ -33,14 +39,15 @@ local events = {completed = 'complete', compensated = 'compensate', escalated = 
   failed_to_start = 'fail_to_start'}
 local to = move('run', state, events[ARGV[1]] or '')
 if not to or to ~= ARGV[1] then return illegal('run', state, events[ARGV[1]] or ARGV[1]) end
-redis.call('HSET', RUN, 'state', to, 'ended', NOW_S, 'recorded', '0')
+local fields = {'state', to, 'ended', NOW_S, 'recorded', '0'}
 if ARGV[2] ~= '' then
   -- Keep what set the run failing ("step 4 failed", "aborted: ...") beside the verdict.
-  local run = redis.call('HMGET', RUN, 'reason', 'cause')
-  if (not run[2] or run[2] == '') and run[1] ~= ARGV[2] then
-    redis.call('HSET', RUN, 'cause', run[1])
+  if cause == '' and reason ~= ARGV[2] then
+    cause = reason
+    table.insert(fields, 'cause'); table.insert(fields, cause)
   end
-  redis.call('HSET', RUN, 'reason', ARGV[2])
+  reason = ARGV[2]
+  table.insert(fields, 'reason'); table.insert(fields, reason)
 end
-bump()
-return {'ok', redis.call('HGET', RUN, 'version')}
+bump_from(version, fields)
+return {'ok', tostring((tonumber(version) or 0) + 1), NOW_S, reason, cause}

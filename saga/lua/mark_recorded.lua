@@ -1,4 +1,5 @@
--- ARGV: version (the one the SQL record describes), retention_seconds
+-- ARGV: version (the one the SQL record describes), retention_seconds, notify ('1': wake
+--       whoever waits for the run's end, KEYS[7]; the caller of run.finish() needs no signal)
 -- The record of an ended run is written: from now its keys may expire. A run that moved on
 -- since (an effect landed late) keeps them until its new record is written.
 local run = redis.call('HMGET', RUN, 'state', 'version')
@@ -13,4 +14,5 @@ redis.call('HSET', RUN, 'recorded', '1')
 for _, key in ipairs({RUN, STEPS, INFLIGHT, STACK, COMPS, AGENT}) do
   redis.call('EXPIRE', key, ARGV[2])
 end
+if ARGV[3] == '1' then notify() end
 return {'ok'}

@@ -1,4 +1,5 @@
 -- ARGV: step, error_json, event ('fail' | 'never_started' | 'reject')
+-- {'ok', owns the unwind, turn done} (see the end), 'dup', 'began', 'unknown' or illegal.
 -- 'never_started' is the reaper's or a revoke's verdict and holds only for a step no delivery
 -- began; 'fail' is the worker's, after the tool's retries. Starting the unwind is fenced:
 -- two failures, or the same failure delivered twice, start one. 'reject' is the worker's too:
@@ -22,5 +23,7 @@ local judged = redis.call('HDEL', INFLIGHT, n) == 0
 if ARGV[3] ~= 'reject' then run_fails('step ' .. n .. ' failed') end
 bump()
 notify()
-if judged then return {'ok', 0} end
-return {'ok', maybe_own(owner)}
+-- The 3rd value, as record_success's 4th: the hosted turn this settling completed, or 0
+-- (a repeat above leaves that check to its caller).
+if judged then return {'ok', 0, advance_turn_of(n)} end
+return {'ok', maybe_own(owner), advance_turn_of(n)}

@@ -8,7 +8,8 @@
 -- never dropped: it is pushed, and unwound if the run can still unwind, else escalated.
 local n = ARGV[1]
 local owner = 'step:' .. n
-local st = redis.call('HGET', STEPS, n .. ':state')
+local f = redis.call('HMGET', STEPS, n .. ':state', n .. ':call')
+local st = f[1]
 if not st then return {'unknown'} end
 if st == 'succeeded' then
   local late = redis.call('HGET', STEPS, n .. ':landed') == 'late'
@@ -21,14 +22,18 @@ local judged = st ~= 'running' and st ~= 'dispatched'
   and not (st == 'in_doubt' and redis.call('HEXISTS', INFLIGHT, n) == 1)
 redis.call('HSET', STEPS, n .. ':state', to, n .. ':result', ARGV[2], n .. ':claim', '')
 push_undo(n, ARGV[3])
-if ARGV[4] == '1' and redis.call('HGET', RUN, 'pivot') == '' then
-  redis.call('HSET', RUN, 'pivot', n)
-end
+local run = redis.call('HMGET', RUN, 'pivot', 'version', 'state')
+bump_from(run[2], (ARGV[4] == '1' and run[1] == '') and {'pivot', n} or nil)
 redis.call('HDEL', INFLIGHT, n)
-bump()
 notify()
--- A step of a hosted turn may be the turn's last: the 4th value says (see advance_turn).
-if not judged then return {'ok', maybe_own(owner), 0, advance_turn_of(n)} end
+if not judged then
+  -- Only a failing run has an unwind to own; a step of a hosted turn may be the turn's last:
+  -- the 4th value says (see advance_turn; the step's call marker was read above).
+  local own = run[3] == 'unwinding' and maybe_own(owner) or 0
+  local turn = 0
+  if f[2] and f[2] ~= '' then turn = advance_turn(string.match(f[2], '^(%d+):')) end
+  return {'ok', own, 0, turn}
+end
 redis.call('HSET', STEPS, n .. ':landed', 'late')
 local run_state = redis.call('HGET', RUN, 'state')
 if run_state == 'running' or run_state == 'unwinding' then

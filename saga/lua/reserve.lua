@@ -6,7 +6,8 @@
 -- A marker is recorded with the step, in the same script: a call reserved once under a
 -- marker is never reserved again ('dup' answers the step it got), so a turn that crashed
 -- between reserving and sending can look its calls up and resume them.
-local state = redis.call('HGET', RUN, 'state')
+local run = redis.call('HMGET', RUN, 'state', 'allow_after_pivot', 'pivot', 'next_step', 'version')
+local state = run[1]
 if not state then return {'unknown'} end
 local marker = ARGV[6] or ''
 if marker ~= '' then
@@ -14,27 +15,27 @@ if marker ~= '' then
   if had then return {'dup', had} end
 end
 if state ~= 'running' then return {'ended', state} end
-local blocking = {}
-for class in string.gmatch(ARGV[4], '[^,]+') do blocking[class] = true end
-local inflight = redis.call('HGETALL', INFLIGHT)
-for i = 2, #inflight, 2 do
-  if blocking[inflight[i]] then return {'refused'} end
-end
-if ARGV[5] == '1' and redis.call('HGET', RUN, 'allow_after_pivot') ~= '1' then
-  if redis.call('HGET', RUN, 'pivot') ~= '' then return {'refused'} end
+local before_pivot = ARGV[5] == '1' and run[2] ~= '1'
+if before_pivot and run[3] ~= '' then return {'refused'} end
+if ARGV[4] ~= '' or before_pivot then  -- (a gate with nothing to check reads nothing more)
+  local blocking = {}
+  for class in string.gmatch(ARGV[4], '[^,]+') do blocking[class] = true end
+  local inflight = redis.call('HGETALL', INFLIGHT)
   for i = 2, #inflight, 2 do
-    if inflight[i] == '5' then return {'refused'} end
+    if blocking[inflight[i]] or (before_pivot and inflight[i] == '5') then return {'refused'} end
   end
 end
-local n = redis.call('HINCRBY', RUN, 'next_step', 1)
-redis.call('HSET', STEPS, n .. ':tool', ARGV[1], n .. ':class', ARGV[2], n .. ':args', ARGV[3],
-  n .. ':state', 'dispatched', n .. ':attempts', 0, n .. ':at', NOW_S)
+local n = tonumber(run[4]) + 1
+local fields = {n .. ':tool', ARGV[1], n .. ':class', ARGV[2], n .. ':args', ARGV[3],
+  n .. ':state', 'dispatched', n .. ':attempts', 0, n .. ':at', NOW_S}
 if marker ~= '' then
-  redis.call('HSET', STEPS, 'call:' .. marker, n, n .. ':call', marker)
+  table.insert(fields, 'call:' .. marker); table.insert(fields, n)
+  table.insert(fields, n .. ':call'); table.insert(fields, marker)
 end
 if ARGV[7] and ARGV[7] ~= '' then
-  redis.call('HSET', STEPS, n .. ':on_failure', ARGV[7])
+  table.insert(fields, n .. ':on_failure'); table.insert(fields, ARGV[7])
 end
+redis.call('HSET', STEPS, unpack(fields))
 redis.call('HSET', INFLIGHT, n, ARGV[2])
-bump()
+bump_from(run[5], {'next_step', n})
 return {'ok', n}

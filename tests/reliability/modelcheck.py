@@ -314,8 +314,10 @@ class Engine:
         store = self.saga.store
         self._real_call = store._call
         self._real_picture = store.picture
+        self._real_complete = store.complete
         store._call = self._call  # type: ignore[method-assign]
         store.picture = self._picture  # type: ignore[method-assign]
+        store.complete = self._complete  # type: ignore[method-assign]
         records = self.saga.records
         self._read_run = records.run
         self._read_escalations = records.escalations
@@ -350,11 +352,23 @@ class Engine:
         self.hooks.publish(message)
         return AsyncResult(task_id, app=self.app)
 
-    def _call(self, script: str, run_id: str, *args: Any, step: int | None = None) -> Any:
+    def _call(
+        self, script: str, run_id: str, *args: Any, step: int | None = None, extra: str = ""
+    ) -> Any:
         if self.hooks.lose_reply(script, run_id):
-            self._real_call(script, run_id, *args, step=step)
+            self._real_call(script, run_id, *args, step=step, extra=extra)
             raise StoreUnavailableError(f"saga store unreachable ({script}): the reply was lost")
-        return self._real_call(script, run_id, *args, step=step)
+        return self._real_call(script, run_id, *args, step=step, extra=extra)
+
+    def _complete(self, run_id: str) -> Any:
+        """The conclude script and the read after it are one round trip: its reply may be
+        lost like any script's, and the read is a reading like ``picture``'s."""
+        if self.hooks.lose_reply("conclude", run_id):
+            self._real_complete(run_id)
+            raise StoreUnavailableError("saga store unreachable (conclude): the reply was lost")
+        outcome = self._real_complete(run_id)
+        self.hooks.after_read(run_id)
+        return outcome
 
     def _picture(self, run_id: str) -> Any:
         picture = self._real_picture(run_id)

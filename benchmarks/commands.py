@@ -1,0 +1,236 @@
+"""Every Redis command one saga run sends for its own state, in order, with who sends it.
+
+Starts a private redis-server and a worker (``benchmarks.bench_app``), drives two warm-up runs,
+then one happy run and one failing run (the fourth step bounces, two undos) under ``MONITOR``.
+A command belongs to the run if it names the run (its keys, its signals, its index entry) or
+runs inside one of the run's scripts; Celery's own per-message commands (the queue, the unacked
+index, the events) are counted apart, since the worker batches them differently under load.
+
+``--markdown`` prints the tables of ``docs/performance.md``; ``--json`` the counts that
+``tests/integration/test_command_counts.py`` holds that document to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import costs  # noqa: E402
+
+_LINE = re.compile(
+    r'^[\d.]+ \[\d+ (?P<source>lua|[\d.]+:(?P<port>\d+))\] "(?P<command>\w+)"(?P<rest>.*)$'
+)
+
+
+def script_names() -> dict[str, str]:
+    """sha1 -> script name, as RunStore loads them."""
+    from saga.machine import lua_tables
+
+    folder = ROOT / "saga" / "lua"
+    prelude = lua_tables() + "\n" + (folder / "_prelude.lua").read_text()
+    return {
+        hashlib.sha1((prelude + "\n" + f.read_text()).encode()).hexdigest(): f.stem
+        for f in folder.glob("*.lua")
+    }
+
+
+class Monitor:
+    """``MONITOR`` on its own connection, collected in a thread until stopped."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.connection = redis.Redis.from_url(url).connection_pool.get_connection()
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self.connection.send_command("MONITOR")
+        self.connection.read_response()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            if self.connection.can_read(timeout=0.1):
+                self.lines.append(self.connection.read_response().decode(errors="replace"))
+
+    def stop(self) -> list[str]:
+        self._stop.set()
+        self._thread.join(5)
+        self.connection.disconnect()
+        return self.lines
+
+
+def classify(lines: list[str], run_id: str, roles: dict[str, str]) -> dict[str, Any]:
+    """The run's own commands in order (who, what, script inside), and Celery's, counted."""
+    names = script_names()
+    own: list[dict[str, str]] = []
+    celery: Counter[str] = Counter()
+    inside = ""
+    for line in lines:
+        match = _LINE.match(line)
+        if match is None:
+            continue
+        command, rest, source = match["command"].upper(), match["rest"], match["source"]
+        if source == "lua":
+            if inside:
+                own.append({"who": "script", "command": command, "script": inside})
+            continue
+        inside = ""
+        who = roles.get(match["port"] or "", "?")
+        if who == "celery":  # the message's own commands (they name its task id)
+            celery[command] += 1
+            continue
+        if command == "EVALSHA":
+            sha = rest.split('"')[1]
+            inside = names.get(sha, sha[:8]) if run_id in rest else ""
+        if run_id in rest or (command in ("MULTI", "EXEC") and who in ("caller", "worker")):
+            script = inside or ""
+            own.append({"who": who, "command": command, "script": script})
+        elif command not in ("INFO", "CLIENT", "CONFIG"):
+            celery[command] += 1
+    # A MULTI/EXEC of the store brackets reads of the run: keep only those that do.
+    kept = [
+        c
+        for i, c in enumerate(own)
+        if c["command"] not in ("MULTI", "EXEC")
+        or (c["command"] == "MULTI" and i + 1 < len(own) and own[i + 1]["command"] != "EXEC")
+        or (c["command"] == "EXEC" and i > 0 and own[i - 1]["command"] != "MULTI")
+    ]
+    return {"commands": kept, "celery": dict(celery)}
+
+
+def summary(traced: dict[str, Any]) -> dict[str, int]:
+    """Counts of one run: its own commands (sent by a client, and run inside its scripts),
+    its script calls, and Celery's per-message commands beside them."""
+    commands = traced["commands"]
+    inside = sum(1 for c in commands if c["who"] == "script")
+    return {
+        "total": len(commands),
+        "sent": len(commands) - inside,
+        "scripts": sum(1 for c in commands if c["command"] == "EVALSHA"),
+        "in scripts": inside,
+        "celery": sum(traced["celery"].values()),
+    }
+
+
+def trace(fail: bool) -> tuple[str, dict[str, Any]]:
+    """One run traced: its id, and what ``classify`` makes of the monitor's lines."""
+    from benchmarks import bench_app, steps
+
+    url, roles = os.environ["SAGA_REDIS_URL"], current_roles()
+    monitor = Monitor(url)
+    time.sleep(0.2)
+    run = steps.drive_saga(bench_app.saga, 0, fail, 30)
+    time.sleep(0.5)  # the worker's last acks and events
+    return run.run_id, classify(monitor.stop(), run.run_id, roles)
+
+
+def current_roles() -> dict[str, str]:
+    """Client port -> who (the connections are named by the URLs ``main`` sets)."""
+    import redis
+
+    client = redis.Redis.from_url(os.environ["SAGA_BROKER_URL"])
+    roles = {}
+    for info in client.client_list():
+        port = str(info["addr"]).rsplit(":", 1)[1]
+        roles[port] = {"saga-caller": "caller", "saga-worker": "worker"}.get(info["name"], "celery")
+    return roles
+
+
+WHY = {
+    "create": "the run's hashes, atomically (refuses an existing run id)",
+    "reserve": "the pivot gate checked and the step reserved, atomically",
+    "begin_step": "check before run: a redelivery replays; the lease is taken",
+    "record_success": "record after: result, undo pushed, pivot, settle signal, in one script",
+    "record_failure": "the final failure; the last step settling owns the unwind",
+    "mark_sent": "the unwind's chain is on the broker (a redelivered owner must not resend)",
+    "begin_compensation": "check before run of an undo, fenced by the unwind's owner; lease",
+    "record_compensation": "the undo confirmed done: off the stack",
+    "conclude": "the run ends once (version-fenced for an unwind)",
+    "mark_recorded": "the SQL record is written: now the keys may expire",
+}
+
+
+#: Why a plain command is sent (the reads inside a MULTI are the run's six keys).
+WHY_PLAIN = {
+    "ZADD": "the reaper's index: due at the deadline (first), after the keys expire (last)",
+    "BLPOP": "wait for the settle or end signal: blocking, no polling",
+    "HMGET": "the step's outcome (same round trip as the BLPOP), or the run's head (wait)",
+    "MULTI": "one consistent reading of the whole run (its six keys)",
+}
+
+
+def markdown(path: str, traced: dict[str, Any]) -> str:
+    rows = ["| # | who | command | script (commands inside) | why |", "|---|---|---|---|---|"]
+    commands = traced["commands"]
+    number = 0
+    for i, c in enumerate(commands):
+        if c["who"] == "script":
+            continue
+        number += 1
+        script, why = "", WHY_PLAIN.get(c["command"], "")
+        if c["command"] == "EVALSHA":
+            inside = 0
+            while i + 1 + inside < len(commands) and commands[i + 1 + inside]["who"] == "script":
+                inside += 1
+            script, why = f"{c['script']} ({inside})", WHY.get(c["script"], "")
+        rows.append(f"| {number} | {c['who']} | {c['command']} | {script} | {why} |")
+    counts = summary(traced)
+    rows.append("")
+    rows.append(
+        f"{path}: {counts['total']} commands of its own ({counts['sent']} sent, "
+        f"{counts['in scripts']} inside its {counts['scripts']} scripts); Celery's, beside "
+        f"them: {counts['celery']}."
+    )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    from saga.testing import RedisServer, WorkerProcess
+
+    server = RedisServer("--appendonly", "no").start()
+    store = f"{server.url}/0?client_name=saga-caller"
+    env = costs.bench_environment(server.url, "saga-commands-", store)
+    tmp = Path(env["SAGA_DEMO_DATA"]).parent
+    worker_env = {**env, "SAGA_REDIS_URL": f"{server.url}/0?client_name=saga-worker"}
+    worker = WorkerProcess(
+        "benchmarks.bench_app", env=worker_env, cwd=ROOT, logfile=tmp / "worker.log"
+    )
+    try:
+        worker.start()
+        for fail in (False, True, False, True):  # warm-up: every script loaded, every pool
+            trace(fail)
+        results = {"happy": trace(False)[1], "fail": trace(True)[1]}
+    finally:
+        worker.stop()
+        server.stop()
+    if args.json:
+        print(json.dumps({path: summary(traced) for path, traced in results.items()}))
+    elif args.markdown:
+        for path, traced in results.items():
+            print(markdown(path, traced))
+            print()
+    else:
+        for path, traced in results.items():
+            print(path, summary(traced))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
