@@ -21,7 +21,6 @@ from saga.constants import run_keys
 from saga.guard import stale_shapes
 from saga.testing import RedisServer, WorkerProcess
 from tests.conftest import ROOT
-from tests.integration.stale_app import tools
 
 pytestmark = pytest.mark.timeout(120)
 SAGA = str(Path(sys.executable).with_name("saga"))
@@ -47,7 +46,12 @@ class Deploy:
 
 
 @pytest.fixture
-def deploy(tmp_path: Path) -> Iterator[Deploy]:
+def deploy(tmp_path: Path, saga_env: dict[str, str]) -> Iterator[Deploy]:
+    # Imported once the session's environment is set: the app it builds reads
+    # saga.celery_defaults, which reads the environment once, when first imported, for every
+    # app of this process (the demo app of the other tests too).
+    from tests.integration.stale_app import tools
+
     with RedisServer(directory=tmp_path / "redis") as server:
         url = f"{server.url}/0"
         app = Celery("stale-shapes-test")
