@@ -10,18 +10,51 @@ tests against a real worker; these make that cheap:
 - ``plugin``: the pytest plugin (fixtures ``saga_app``, ``saga_worker``, ``saga_faults``,
   ``saga_model``, ...), loaded by ``pip install saga``. See ``docs/testing.md``.
 
-Only the first two are imported here: the workers import this package for fault injection.
+The names below load their module on first use: the pytest plugin (``saga.testing.plugin``,
+loaded by every pytest run where saga is installed) must cost nothing until a test asks.
 """
 
-from saga.testing.faults import (
-    FAULT_POINTS,
-    FAULTS_ENV,
-    TOOL_POINTS,
-    Faults,
-    ToolFaults,
-    faults_enabled,
-)
-from saga.testing.processes import RedisServer, WorkerProcess, free_port
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from saga.testing.faults import (
+        FAULT_POINTS,
+        FAULTS_ENV,
+        TOOL_POINTS,
+        Faults,
+        ToolFaults,
+        faults_enabled,
+    )
+    from saga.testing.processes import RedisServer, WorkerProcess, free_port
+
+_LAZY = {
+    "FAULT_POINTS": "saga.testing.faults",
+    "FAULTS_ENV": "saga.testing.faults",
+    "TOOL_POINTS": "saga.testing.faults",
+    "Faults": "saga.testing.faults",
+    "ToolFaults": "saga.testing.faults",
+    "faults_enabled": "saga.testing.faults",
+    "RedisServer": "saga.testing.processes",
+    "WorkerProcess": "saga.testing.processes",
+    "free_port": "saga.testing.processes",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'saga.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "FAULTS_ENV",
