@@ -17,6 +17,7 @@ Flower show.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
@@ -73,14 +74,14 @@ def declares_nothing(app: Any, task_name: str) -> bool:
     declare their queues as they start consuming, as before.) Anything else, another broker,
     a routing function, a fanout or topic exchange, a queue with arguments, is declared as
     Celery always does."""
-    from celery.app.routes import MapRoute
-
-    if app.conf.get("broker_transport") not in ALIASES.values():
+    conf = app.conf
+    if conf.get("broker_transport") not in ALIASES.values():
         return False
-    amqp = app.amqp
-    if not all(isinstance(route, MapRoute) for route in amqp.routes):
-        return False  # a router function may route by arguments: nothing to know in advance
-    queue = amqp.router.route({}, task_name, (), {}, None).get("queue")
+    routes = conf.get("task_routes") or ()
+    routers = routes if isinstance(routes, list | tuple) else [routes]
+    if not all(isinstance(router, Mapping) for router in routers):
+        return False  # a router function (or its import path) may route by arguments
+    queue = app.amqp.router.route({}, task_name, (), {}, None).get("queue")
     if queue is None or isinstance(queue, str):
         return False
     return bool(
