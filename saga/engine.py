@@ -357,7 +357,8 @@ class Saga:
 
     def start_unwind(self, run_id: str, owner: str) -> bool:
         """Queue the compensations still to run, most recent first, as one Celery chain ending
-        in ``saga.conclude_unwind``; past the pivot, conclude at once (escalate, no unwinding).
+        in ``saga.conclude_unwind`` (which the last compensation's task makes itself when it
+        can: ``saga.worker``); past the pivot, conclude at once (escalate, no unwinding).
 
         Only the owner of the unwind calls this. It sends first and marks sent after, so a
         crash in between makes the redelivered owner send again (the compensations check
