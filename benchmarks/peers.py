@@ -17,7 +17,9 @@ Reported per run: CPU milliseconds by process (the caller: this process's driver
 Celery worker with its pool; Redis; the DBOS process; PostgreSQL's backends for our database),
 Redis commands (``INFO commandstats``, script-internal calls included), runs/s (median of the
 rounds) and solo latency p50. Timings are reported, never asserted. The last line:
-``peers: saga/dbos-pg happy X fail Y; durable happy X fail Y; saga/bare cpu happy X fail Y``.
+``peers: saga/dbos-pg happy X fail Y; durable happy X fail Y; saga/bare cpu happy X fail Y;
+ceiling bare/dbos-pg happy X fail Y`` (the bare chain's runs/s over DBOS's in the same
+invocation: what a Celery engine with no saga at all reaches against DBOS on this machine).
 """
 
 from __future__ import annotations
@@ -321,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--without-dbos", action="store_true", help="bare and saga only")
     args = parser.parse_args(argv)
     args.postgres = os.environ.get("SAGA_TEST_POSTGRES_URL", DEFAULT_PG)
-    if not PEERS_PYTHON.exists():
+    if not PEERS_PYTHON.exists() and not args.without_dbos:
         parser.error(f"{PEERS_PYTHON} is missing: make bench-peers creates it")
     if args.only:  # one pass, in a process of its own (the saga app binds its Redis at import)
         table = summarise(measure_pass(args, args.only == "durable"))
@@ -350,13 +352,18 @@ def main(argv: list[str] | None = None) -> int:
     def ratio(table: dict[str, dict[str, float]], path: str, other: str, what: str) -> float:
         return table[f"saga-{path}"][what] / table[f"{other}-{path}"][what]
 
+    def ceiling(table: dict[str, dict[str, float]], path: str) -> float:
+        return table[f"bare-{path}"]["runs/s"] / table[f"dbos-pg-{path}"]["runs/s"]
+
     print(
         f"peers: saga/dbos-pg happy {ratio(normal, 'happy', 'dbos-pg', 'runs/s'):.2f} "
         f"fail {ratio(normal, 'fail', 'dbos-pg', 'runs/s'):.2f}; "
         f"durable happy {ratio(durable, 'happy', 'dbos-pg', 'runs/s'):.2f} "
         f"fail {ratio(durable, 'fail', 'dbos-pg', 'runs/s'):.2f}; "
         f"saga/bare cpu happy {ratio(normal, 'happy', 'bare', 'cpu ms'):.2f} "
-        f"fail {ratio(normal, 'fail', 'bare', 'cpu ms'):.2f}"
+        f"fail {ratio(normal, 'fail', 'bare', 'cpu ms'):.2f}; "
+        f"ceiling bare/dbos-pg happy {ceiling(normal, 'happy'):.2f} "
+        f"fail {ceiling(normal, 'fail'):.2f}"
     )
     return 0
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from celery import Celery, chain
+from celery import Celery
 from sqlalchemy.exc import SQLAlchemyError
 
 from saga import metrics, payload, rules, telemetry
@@ -43,7 +43,7 @@ from saga.records import EscalationRecord, RecordStore
 from saga.settings import Settings
 from saga.stack import RunStore
 from saga.testing import Faults, faults_enabled
-from saga.transport import use_pooled_client_transport
+from saga.transport import declares_nothing, use_pooled_client_transport
 from saga.validation import check_deadline, check_flag, check_run_id
 
 if TYPE_CHECKING:
@@ -89,6 +89,8 @@ class Saga:
         )
         self._records: RecordStore | None = None
         self._records_lock = threading.Lock()
+        #: Publish options by task name (``_publish_options``), worked out on first use.
+        self._publish_extra: dict[str, dict[str, Any]] = {}
         #: Fault injection for tests; None unless SAGA_TESTING_FAULTS=1 is set explicitly.
         self.faults: Faults | None = None
         if faults_enabled():
@@ -244,6 +246,7 @@ class Saga:
                 ignore_result=True,
                 argsrepr="()",
                 kwargsrepr=f"{{'run_id': {run_id!r}, 'step': {step}, 'args': {args_json[:_REPR]}}}",
+                **self._publish_options(tool_task_name(tool_name)),
             )
         except Exception as exc:
             error = {"type": type(exc).__name__, "message": str(exc)}
@@ -265,6 +268,15 @@ class Saga:
                 self.start_unwind(run_id, f"step:{step}")
             raise DispatchError(f"the broker did not take {tool_name}: {exc}") from exc
         return StepHandle(self, run_id, step, tool_name)
+
+    def _publish_options(self, task: str) -> dict[str, Any]:
+        """What a message of ``task`` is published with besides its own: no declaration of a
+        queue the publish does not need declared (``saga.transport.declares_nothing``)."""
+        options = self._publish_extra.get(task)
+        if options is None:
+            skip = declares_nothing(self.app, task)
+            options = self._publish_extra[task] = {"declare": []} if skip else {}
+        return options
 
     def _reserve(
         self,
@@ -345,7 +357,8 @@ class Saga:
 
     def start_unwind(self, run_id: str, owner: str) -> bool:
         """Queue the compensations still to run, most recent first, as one Celery chain ending
-        in ``saga.conclude_unwind``; past the pivot, conclude at once (escalate, no unwinding).
+        in ``saga.conclude_unwind`` (which the last compensation's task makes itself when it
+        can: ``saga.worker``); past the pivot, conclude at once (escalate, no unwinding).
 
         Only the owner of the unwind calls this. It sends first and marks sent after, so a
         crash in between makes the redelivered owner send again (the compensations check
@@ -379,15 +392,20 @@ class Saga:
                     immutable=True,
                     # Unique per unwind: a revoked id would be discarded forever on requeue.
                     task_id=f"{run_id}:{step}:undo:{unwind}",
+                    **self._publish_options(tool_task_name(entry["tool"])),
                 )
             )
         # ``sent_at`` (Redis clock) times the unwind, for the metrics.
         conclusion = {"run_id": run_id, "owner": owner, "sent_at": self.store.now()}
+        options = self._publish_options(CONCLUDE_UNWIND_TASK)
         signatures.append(
-            self.app.signature(CONCLUDE_UNWIND_TASK, kwargs=conclusion, immutable=True)
+            self.app.signature(CONCLUDE_UNWIND_TASK, kwargs=conclusion, immutable=True, **options)
         )
         try:
-            chain(*signatures).apply_async()
+            # What ``celery.chain(*signatures).apply_async()`` sends (the first task, carrying
+            # the rest, next last), without the canvas's cloning and freezing of each member.
+            first, *rest = signatures
+            first.apply_async(chain=rest[::-1])
         except Exception as exc:
             # Nothing is lost: the run stays unwinding, owned and not sent, so the reaper
             # takes it over at its deadline and sends it again.

@@ -15,9 +15,11 @@ local NOW = clock()
 local NOW_S = string.format('%.6f', NOW)
 
 -- The transition tables of saga/machine.py: a move they do not list is refused, loudly.
+-- (MOVES is one string of |machine:source:event=target entries: a plain search finds one.)
 local function move(machine, source, event)
-  local row = MOVES[machine][source or '']
-  return row and row[event]
+  local _, last = string.find(MOVES, '|' .. machine .. ':' .. (source or '') .. ':' .. event
+    .. '=', 1, true)
+  return last and string.match(MOVES, '^[^|]+', last + 1)
 end
 local function illegal(machine, source, event)
   return {'illegal', machine, source or '', event}

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from sqlalchemy import (
     Table,
+    bindparam,
     create_engine,
     event,
     exists,
@@ -42,6 +43,7 @@ from saga.records.models import (
     TranscriptRecord,
 )
 from saga.records.rows import (
+    Row,
     action_rows,
     compensation_rows,
     escalation_row,
@@ -118,12 +120,12 @@ class RecordStore:
 
     def record_run(self, picture: RunPicture, state: str, reason: str) -> None:
         with self.engine.begin() as connection:
-            self._upsert(connection, [run_row(picture, state, reason)])
+            self._upsert(connection, _RUNS, [run_row(picture, state, reason)])
 
     def record_escalation(self, picture: RunPicture, reason: str) -> EscalationRecord:
         record = escalation_row(picture, reason)
         with self.engine.begin() as connection:
-            self._upsert(connection, [record])
+            self._upsert_records(connection, [record])
         return record
 
     def record_outcome(self, picture: RunPicture) -> EscalationRecord | None:
@@ -131,36 +133,33 @@ class RecordStore:
         compensations (what a requeue needs once its keys have expired), the operator
         actions its keys hold and, escalated, its escalation row (which closes any earlier one
         of the run as superseded: one open row at a time); compensated or completed, it
-        closes the run's open escalations, saying why."""
+        closes the run's open escalations, saying why.
+
+        A fixed set of statements, each compiled once per process: the rows are plain dicts
+        (``saga.records.rows``), the run's steps and undos one executemany each."""
         state = picture.state.value
         escalation = escalation_row(picture, picture.reason) if state == "escalated" else None
         from saga.agents.turn_state import document as hosted_document  # the hosted loop's
 
         hosted = hosted_document(picture)
         with self.engine.begin() as connection:
-            self._upsert(connection, [run_row(picture, state, picture.reason)])
-            self._upsert(connection, step_rows(picture))
-            self._upsert(connection, compensation_rows(picture))
-            self._upsert(connection, action_rows(picture))
+            self._upsert(connection, _RUNS, [run_row(picture, state, picture.reason)])
+            self._upsert(connection, _STEPS, step_rows(picture))
+            self._upsert(connection, _COMPENSATIONS, compensation_rows(picture))
+            self._upsert_records(connection, action_rows(picture))
             if hosted is not None:
-                self._upsert(connection, [transcript_row(picture.run_id, hosted)])
-            open_rows = update(EscalationRecord).where(
-                EscalationRecord.run_id == picture.run_id,
-                EscalationRecord.resolved.is_(False),
-            )
+                self._upsert(connection, _TRANSCRIPTS, [transcript_row(picture.run_id, hosted)])
             if escalation is not None:
-                self._upsert(connection, [escalation])
-                resolution = f"superseded by {escalation.escalation_id}"
-                open_rows = open_rows.where(
-                    EscalationRecord.escalation_id != escalation.escalation_id
-                )
+                self._upsert_records(connection, [escalation])
+                keep = escalation.escalation_id
+                resolution = f"superseded by {keep}"
             else:
+                keep = ""  # (no escalation id is empty: every open one is closed)
                 requeues = [a for a in picture.actions if a["kind"] == "requeue"]
                 by = f" by {requeues[-1]['by']}" if requeues and requeues[-1].get("by") else ""
                 resolution = f"{state} after requeue{by}"
-            connection.execute(
-                open_rows.values(resolved=True, resolution=resolution, resolved_at=_now())
-            )
+            close = {"b_run": picture.run_id, "b_keep": keep, "b_why": resolution, "b_at": _now()}
+            connection.execute(_CLOSE_OPEN_ESCALATIONS, close)
         return escalation
 
     def record_unreadable(self, run_id: str, problem: str) -> None:
@@ -182,12 +181,12 @@ class RecordStore:
             resolved_at=None,
         )
         with self.engine.begin() as connection:
-            self._upsert(connection, [record])
+            self._upsert_records(connection, [record])
 
     def record_action(self, action: ActionRecord) -> None:
         """Write an operator's action now (it also reaches SQL with the run's next record)."""
         with self.engine.begin() as connection:
-            self._upsert(connection, [action])
+            self._upsert_records(connection, [action])
 
     def resolve_escalation(self, escalation_id: str, note: str, by: str) -> bool:
         """Close one escalation by hand in SQL alone (one the saga's scripts cannot fence: the
@@ -212,7 +211,7 @@ class RecordStore:
             )
             resolution = {"by": by, "note": note, "escalation_id": escalation_id}
             action = resolve_action(str(run_id), 0, {**resolution, "at": now.timestamp()})
-            self._upsert(connection, [action])
+            self._upsert_records(connection, [action])
         return True
 
     def resolve_escalations(self, run_id: str, resolution: str = "resolved") -> None:
@@ -304,15 +303,14 @@ class RecordStore:
 
     # -- upserts ---------------------------------------------------------------------------
 
-    def _upsert(self, connection: Connection, records: Sequence[Base]) -> None:
+    def _upsert(self, connection: Connection, table: Table, rows: Sequence[Row]) -> None:
         """Insert or replace by primary key, in one statement where the database has one (a
         redelivered conclusion writes the same rows again, never second ones). The statement
         is built once per table and the rows are its parameters, so SQLAlchemy compiles it
         once rather than on every record."""
-        if not records:
+        if not rows:
             return
-        table = cast(Table, records[0].__table__)
-        rows = [{c.name: _storable(getattr(r, c.name)) for c in table.columns} for r in records]
+        rows = [{name: _storable(value) for name, value in row.items()} for row in rows]
         statement = _upsert_statement(self.engine.dialect.name, table)
         if statement is not None:
             connection.execute(statement, rows)
@@ -325,6 +323,13 @@ class RecordStore:
             changed = connection.execute(table.update().where(*where).values(**values))
             if changed.rowcount == 0:
                 connection.execute(table.insert().values(**values))
+
+    def _upsert_records(self, connection: Connection, records: Sequence[Base]) -> None:
+        """``_upsert`` for ORM records (escalations and actions: the rows others hold)."""
+        if records:
+            table = cast(Table, records[0].__table__)
+            rows = [{c.name: getattr(r, c.name) for c in table.columns} for r in records]
+            self._upsert(connection, table, rows)
 
 
 @functools.cache
@@ -354,3 +359,21 @@ def _now() -> datetime:
 
 
 _UPSERTS: dict[str, Any] = {"sqlite": sqlite_insert, "postgresql": postgresql_insert}
+
+_RUNS = cast(Table, RunRecord.__table__)
+_STEPS = cast(Table, RunStepRecord.__table__)
+_COMPENSATIONS = cast(Table, RunCompensationRecord.__table__)
+_TRANSCRIPTS = cast(Table, TranscriptRecord.__table__)
+_ESCALATIONS = cast(Table, EscalationRecord.__table__)
+
+#: Close a run's open escalations but ``b_keep`` (the one just written, or ''), saying why: one
+#: statement object for every record, so it is compiled once.
+_CLOSE_OPEN_ESCALATIONS = (
+    update(_ESCALATIONS)
+    .where(
+        _ESCALATIONS.c.run_id == bindparam("b_run"),
+        _ESCALATIONS.c.resolved.is_(False),
+        _ESCALATIONS.c.escalation_id != bindparam("b_keep"),
+    )
+    .values(resolved=True, resolution=bindparam("b_why"), resolved_at=bindparam("b_at"))
+)

@@ -336,15 +336,15 @@ def test_two_failures_at_once_start_exactly_one_unwind(
     assert picture.state is RunState.COMPENSATED
     assert credits_and_reversals(run.run_id) == (1, 1)
     assert [(c.step, c.attempts) for c in picture.compensations] == [(1, 1)]
-    wait_until(lambda: "saga.conclude_unwind" in worker.log(), 10, "the conclude task")
     time.sleep(1)  # a second chain, had one been sent, would have run by now
+    # (The reversal concludes the run itself; a conclusion message goes only if it cannot.)
     concludes = [
         ln for ln in worker.log().splitlines() if "saga.conclude_unwind[" in ln and "received" in ln
     ]
     reversals = [
         ln for ln in worker.log().splitlines() if "tools.reverse_credit[" in ln and "received" in ln
     ]
-    assert len(concludes) == 1 and len(reversals) == 1
+    assert len(concludes) <= 1 and len(reversals) == 1
     check_invariants(env, picture)
 
 

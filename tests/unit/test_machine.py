@@ -36,9 +36,15 @@ def test_ended_runs_move_only_through_requeue_or_a_late_effect() -> None:
 def test_the_lua_prelude_holds_exactly_the_tables() -> None:
     """Every move of the tables is in the rendered Lua, and nothing else is."""
     rendered = machine.lua_tables()
-    found = set(re.findall(r"\['(\w+)'\] = '(\w+)'", rendered))
-    expected = {(m.event, m.target) for moves in machine.MACHINES.values() for m in moves}
+    found = re.findall(r"\|(\w+):(\w*):(\w+)=(\w+)(?=\|)", rendered)
+    expected = [
+        (name, m.source, m.event, m.target)
+        for name, moves in machine.MACHINES.items()
+        for m in moves
+    ]
     assert found == expected
+    entries = "".join(f"|{name}:{source}:{event}={to}" for name, source, event, to in found)
+    assert rendered == f"local MOVES = '{entries}|'"  # and nothing else
 
 
 def test_every_event_a_script_asks_for_is_in_the_tables() -> None:
@@ -60,3 +66,27 @@ def test_target_answers_none_for_a_move_not_listed() -> None:
     assert machine.target("step", "dispatched", "begin") == "running"
     assert machine.target("step", "succeeded", "fail") is None
     assert machine.target("comp", "done", "begin") is None
+
+
+def test_the_scripts_find_every_move_of_the_tables_and_no_other(redis_url: str) -> None:
+    """``move()`` of the prelude, run by Redis, answers each listed move's target and nothing
+    for a pair the tables do not list (one entry is never mistaken for another)."""
+    import redis
+
+    prelude = machine.lua_tables() + "\n" + (LUA / "_prelude.lua").read_text()
+    ask = prelude + "\nreturn move(ARGV[1], ARGV[2], ARGV[3]) or ''"
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    script = client.register_script(ask)
+    keys = [f"saga:{{moves-test}}:{part}" for part in ("a", "b", "c", "d", "e", "f")]
+    for name, moves in machine.MACHINES.items():
+        for m in moves:
+            assert script(keys=keys, args=[name, m.source, m.event]) == m.target, m
+    listed = {(name, m.source, m.event) for name, moves in machine.MACHINES.items() for m in moves}
+    states = {s for name, moves in machine.MACHINES.items() for m in moves for s in (m.source,)}
+    events = {m.event for moves in machine.MACHINES.values() for m in moves}
+    for name in machine.MACHINES:
+        for source in [*states, "", "runnin", "running:begin"]:
+            for event in [*events, "", "begi"]:
+                if (name, source, event) not in listed:
+                    assert script(keys=keys, args=[name, source, event]) == "", (name, source)
+    client.close()

@@ -6,8 +6,9 @@ import uuid
 
 import redis
 from celery import Celery
+from kombu import Exchange, Queue
 
-from saga.transport import Channel, Transport, use_pooled_client_transport
+from saga.transport import Channel, Transport, declares_nothing, use_pooled_client_transport
 
 
 def test_a_redis_broker_gets_the_pooled_client_transport(redis_url: str) -> None:
@@ -54,3 +55,35 @@ def test_the_channel_reuses_its_client_and_follows_a_new_pool(redis_url: str) ->
             got.ack()
             assert got.payload == {"n": 2}
         redis.Redis.from_url(redis_url).delete(queue)
+
+
+def _app(broker: str, **conf: object) -> Celery:
+    app = Celery("t", broker=broker, set_as_current=False)
+    app.conf.update(conf)
+    use_pooled_client_transport(app)
+    return app
+
+
+def test_a_task_routed_by_name_to_a_plain_direct_queue_needs_no_declaration() -> None:
+    # Given the default queue, and a route by name to another plain direct queue
+    app = _app("redis://localhost:6379/0", task_routes={"saga.agent_turn": {"queue": "turns"}})
+    # Then neither needs its queue declared again on every publish
+    assert declares_nothing(app, "tools.issue_credit")
+    assert declares_nothing(app, "saga.agent_turn")
+
+
+def test_anything_else_is_declared_as_celery_always_does() -> None:
+    # Another broker: a direct queue must exist before a message reaches it
+    assert not declares_nothing(_app("amqp://guest@localhost//"), "tools.x")
+    # kombu's own Redis transport, named by the app
+    assert not declares_nothing(_app("redis://localhost/0", broker_transport="redis"), "tools.x")
+    # A routing function may route by arguments
+    router = _app("redis://localhost/0", task_routes=(lambda *_a, **_k: {"queue": "q"},))
+    assert not declares_nothing(router, "tools.x")
+    # A topic exchange reads its bindings; a queue with arguments (an expiry) refreshes them
+    topic = Queue("t", Exchange("t", type="topic"), routing_key="tools.#")
+    expiring = Queue("e", Exchange("e"), routing_key="e", expires=60)
+    app = _app("redis://localhost/0", task_queues=[topic, expiring])
+    app.conf.task_routes = {"tools.x": {"queue": "t"}, "tools.y": {"queue": "e"}}
+    assert not declares_nothing(app, "tools.x")
+    assert not declares_nothing(app, "tools.y")
