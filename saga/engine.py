@@ -31,6 +31,7 @@ from saga.errors import (
     RunContendedError,
     RunEndedError,
     RunExistsError,
+    StaleRecordError,
     StepsInFlightError,
     UnknownRunError,
     UnknownToolError,
@@ -494,7 +495,11 @@ class Saga:
         picture = picture or self.picture(run_id)
         if not picture.state.ended:
             return None
-        escalation = self.records.record_outcome(picture)
+        try:
+            escalation = self.records.record_outcome(picture)
+        except StaleRecordError as exc:  # read before the run moved on; its newer record stands
+            logger.info("run %s: %s", run_id, exc)
+            return None
         if escalation is not None and not escalation.resolved:  # resolved: nobody to tell
             self.escalated(escalation)
         self._call_hook(self.hooks.on_run_ended, picture, picture.state.value, picture.reason)

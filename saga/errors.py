@@ -129,6 +129,10 @@ class InvalidTextError(SagaError):
     nothing was changed (the message names the field)."""
 
 
+class StaleRecordError(SagaError):
+    """A run's record was not written: a later version of the run is recorded already."""
+
+
 class StoreUnavailableError(SagaError):
     """The Redis holding the compensation stack did not answer."""
 

@@ -26,6 +26,7 @@ from saga.errors import (
     NothingToRequeueError,
     OperationRefusedError,
     PayloadError,
+    StaleRecordError,
     UnknownEscalationError,
     UnknownRunError,
     UnknownToolError,
@@ -244,7 +245,10 @@ def _record(saga: Saga, run_id: str) -> None:
     """Write the run's record as its keys now stand (a resolve changed its escalation), then
     let them expire; if the database is away, the reaper writes it (the run is scheduled)."""
     picture = saga.picture(run_id)
-    saga.records.record_outcome(picture)
+    try:
+        saga.records.record_outcome(picture)
+    except StaleRecordError:  # the run moved on since it was read: its newer record stands
+        return
     if saga.store.mark_recorded(run_id, picture.version):
         expiry = saga.store.now() + saga.store.retention_seconds + _EXPIRY_MARGIN
         saga.store.schedule(run_id, expiry)

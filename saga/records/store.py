@@ -24,6 +24,7 @@ from sqlalchemy import (
     create_engine,
     event,
     exists,
+    or_,
     select,
     update,
 )
@@ -32,6 +33,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
+from saga.errors import StaleRecordError
 from saga.picture import RunPicture
 from saga.records.models import (
     ActionRecord,
@@ -120,7 +122,7 @@ class RecordStore:
 
     def record_run(self, picture: RunPicture, state: str, reason: str) -> None:
         with self.engine.begin() as connection:
-            self._upsert(connection, _RUNS, [run_row(picture, state, reason)])
+            self._upsert_run(connection, run_row(picture, state, reason))
 
     def record_escalation(self, picture: RunPicture, reason: str) -> EscalationRecord:
         record = escalation_row(picture, reason)
@@ -135,6 +137,10 @@ class RecordStore:
         of the run as superseded: one open row at a time); compensated or completed, it
         closes the run's open escalations, saying why.
 
+        Fenced by the run's version: a picture older than the one recorded (a reaper that
+        read the run, then paused while a requeue moved it on and recorded it) writes nothing
+        (``StaleRecordError``), so SQL never goes back to an earlier story.
+
         A fixed set of statements, each compiled once per process: the rows are plain dicts
         (``saga.records.rows``), the run's steps and undos one executemany each."""
         state = picture.state.value
@@ -143,7 +149,7 @@ class RecordStore:
 
         hosted = hosted_document(picture)
         with self.engine.begin() as connection:
-            self._upsert(connection, _RUNS, [run_row(picture, state, picture.reason)])
+            self._upsert_run(connection, run_row(picture, state, picture.reason))
             self._upsert(connection, _STEPS, step_rows(picture))
             self._upsert(connection, _COMPENSATIONS, compensation_rows(picture))
             self._upsert_records(connection, action_rows(picture))
@@ -303,6 +309,29 @@ class RecordStore:
 
     # -- upserts ---------------------------------------------------------------------------
 
+    def _upsert_run(self, connection: Connection, row: Row) -> None:
+        """The run's row, unless a later version of it is recorded already: then
+        ``StaleRecordError``, which rolls the caller's whole transaction back."""
+        version = row.get("version")
+        statement = _run_upsert_statement(self.engine.dialect.name)
+        if statement is not None:
+            # RETURNING, not rowcount: psycopg reports no row count for an upsert.
+            written = int(connection.execute(statement, _storable_row(row)).first() is not None)
+        else:  # no upsert: the row as it is, then insert or update by hand
+            stored = connection.execute(
+                select(RunRecord.version).where(RunRecord.run_id == row["run_id"])
+            ).first()
+            written = 0 if _newer(stored, version) else 1
+            if written and stored is None:
+                connection.execute(_RUNS.insert().values(**_storable_row(row)))
+            elif written:
+                where = _RUNS.c.run_id == row["run_id"]
+                connection.execute(_RUNS.update().where(where).values(**_storable_row(row)))
+        if not written:
+            raise StaleRecordError(
+                f"run {row['run_id']}: a later record than version {version} is written"
+            )
+
     def _upsert(self, connection: Connection, table: Table, rows: Sequence[Row]) -> None:
         """Insert or replace by primary key, in one statement where the database has one (a
         redelivered conclusion writes the same rows again, never second ones). The statement
@@ -310,7 +339,7 @@ class RecordStore:
         once rather than on every record."""
         if not rows:
             return
-        rows = [{name: _storable(value) for name, value in row.items()} for row in rows]
+        rows = [_storable_row(row) for row in rows]
         statement = _upsert_statement(self.engine.dialect.name, table)
         if statement is not None:
             connection.execute(statement, rows)
@@ -344,6 +373,37 @@ def _upsert_statement(dialect: str, table: Table) -> Any:
         index_elements=keys,
         set_={c.name: statement.excluded[c.name] for c in table.columns if c.name not in keys},
     )
+
+
+@functools.cache
+def _run_upsert_statement(dialect: str) -> Any:
+    """The run's upsert, which leaves a row of a later version alone (no row changes: the
+    caller learns its picture was stale); a row of no version (recorded before versions were)
+    is replaced."""
+    if dialect not in _UPSERTS:
+        return None
+    statement = _UPSERTS[dialect](_RUNS)
+    stored = _RUNS.c.version
+    return statement.on_conflict_do_update(
+        index_elements=["run_id"],
+        set_={c.name: statement.excluded[c.name] for c in _RUNS.columns if c.name != "run_id"},
+        where=or_(stored.is_(None), statement.excluded.version.is_(None))
+        | (stored <= statement.excluded.version),
+    ).returning(_RUNS.c.run_id)
+
+
+def _newer(stored: Any, version: int | None) -> bool:
+    """Whether the stored run row is of a later version than ``version``."""
+    return (
+        stored is not None
+        and stored[0] is not None
+        and version is not None
+        and (stored[0] > version)
+    )
+
+
+def _storable_row(row: Row) -> dict[str, Any]:
+    return {name: _storable(value) for name, value in row.items()}
 
 
 def _storable(value: Any) -> Any:

@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import create_engine, func, inspect, select, text
 from sqlalchemy.exc import OperationalError
 
+from saga.errors import StaleRecordError
 from saga.model import CompensationState, RunState, StepState, ToolClass
 from saga.records import EscalationRecord, RecordStore, RunRecord
 from saga.rules import REASON_AFTER_PIVOT, REASON_COMPENSATION_FAILED
@@ -712,3 +713,25 @@ def test_processes_opening_a_new_sqlite_file_at_once_all_record(tmp_path: Path) 
         mode = connection.scalar(text("PRAGMA journal_mode"))
     engine.dispose()
     assert (recorded, mode) == (processes * count, "wal")
+
+
+def test_a_stale_picture_never_writes_over_a_later_record(records: RecordStore) -> None:
+    """A reaper that read the run escalated, then paused while a requeue compensated and
+    recorded it, must not write its older story back (found by the model check)."""
+    run_id = f"stale-{uuid.uuid4().hex[:8]}"
+    escalated = failed_compensation_picture(run_id, version="7")
+    done = [dataclasses.replace(c, state=CompensationState.DONE) for c in escalated.compensations]
+    compensated = dataclasses.replace(
+        escalated, state=RunState.COMPENSATED, version="9", compensations=done, stack=[]
+    )
+    records.record_outcome(compensated)
+
+    with pytest.raises(StaleRecordError, match="version 7"):
+        records.record_outcome(escalated)
+
+    row = records.run(run_id)
+    assert row is not None and (row.state, row.version) == ("compensated", 9)
+    assert records.escalations(run_id) == []
+    records.record_outcome(compensated)  # the same version again (a redelivery) is written
+    unversioned = dataclasses.replace(escalated, version="")
+    records.record_outcome(unversioned)  # a picture without a version (old data) is too
