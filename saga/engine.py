@@ -22,12 +22,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from saga import metrics, payload, rules, telemetry
 from saga.constants import (
     CONCLUDE_UNWIND_TASK,
-    compensation_idempotency_key,
     tool_task_name,
 )
+from saga.effects import encode_effect
 from saga.errors import (
     DispatchError,
-    PayloadError,
     RunContendedError,
     RunEndedError,
     RunExistsError,
@@ -577,38 +576,9 @@ class Saga:
     def encode_effect(
         self, tool: Tool, run_id: str, step: int, args: dict[str, Any], result: Any
     ) -> tuple[str, str, str]:
-        """The result and the undo entry as stored, and what went wrong recording them.
-
-        The effect already happened, so a result or undo that cannot be recorded must not
-        make the step look failed, whatever the reason (not JSON, too large, a lone surrogate,
-        a compensation function that raises): it becomes an undo that cannot run
-        (``broken``), which the unwind records as a failed compensation, so the run escalates.
-        """
+        """The result and the undo as stored (``saga.effects``), within this app's limit."""
         limit = self.settings.max_payload_bytes
-        problem = ""
-        try:
-            result_json = payload.dumps(result, what=f"result of {tool.name}", limit=limit)
-        except PayloadError as exc:
-            problem = str(exc)
-            result_json = payload.dumps({"unrecorded": problem}, what="result", limit=limit)
-        except Exception as exc:  # a lone surrogate, a value whose repr raises, ...
-            problem = f"result of {tool.name} cannot be recorded: {type(exc).__name__}: {exc}"
-            result_json = payload.dumps({"unrecorded": problem}, what="result", limit=limit)
-        if tool.compensation is None:
-            return result_json, "", problem
-        entry: dict[str, Any] = {
-            "step": step,
-            "idempotency_key": compensation_idempotency_key(run_id, step),
-        }
-        try:
-            undo = tool.build_undo(args, result)
-            entry.update(tool=undo.tool, args=self.registry.check_undo(undo))
-            entry["description"] = undo.description or f"{undo.tool} for step {step}"
-            return result_json, payload.dumps(entry, what="undo", limit=limit), problem
-        except Exception as exc:
-            entry.update(tool="", args={}, broken=True)
-            entry["description"] = f"cannot undo step {step} ({tool.name}): {exc}"
-            return result_json, payload.dumps(entry, what="undo", limit=limit), problem or str(exc)
+        return encode_effect(self.registry, limit, tool, run_id, step, args, result)
 
     def reap(self, now: float | None = None) -> ReapReport:
         """Resolve every run with no progress past its deadline (the beat task calls this).

@@ -130,14 +130,30 @@ def until(browser: Any, condition: Any, what: str) -> Any:
     )
 
 
+def replaced(exc: Exception) -> bool:
+    """Whether ``exc`` says a live update swapped the element out between finding and using
+    it (chromedriver reports that either as a stale element or, when the swap lands inside the
+    call, as an inspector error naming a node no longer in the document): try again."""
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        WebDriverException,
+    )
+
+    if isinstance(exc, (NoSuchElementException, StaleElementReferenceException)):
+        return True
+    return isinstance(exc, WebDriverException) and "does not belong to the document" in str(exc)
+
+
 def text_of(browser: Any, css: str) -> str:
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
     try:
         return str(browser.find_element(By.CSS_SELECTOR, css).text)
-    except (NoSuchElementException, StaleElementReferenceException):
-        return ""
+    except Exception as exc:
+        if replaced(exc):
+            return ""
+        raise
 
 
 def shot(browser: Any, name: str) -> None:
@@ -248,13 +264,14 @@ def _reload(browser: Any) -> bool:
 
 def _click(browser: Any, css: str) -> bool:
     """Click ``css`` (False if a live update replaced it under the pointer: try again)."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
     try:
         browser.find_element(By.CSS_SELECTOR, css).click()
-    except (NoSuchElementException, StaleElementReferenceException):
-        return False
+    except Exception as exc:
+        if replaced(exc):
+            return False
+        raise
     return True
 
 
