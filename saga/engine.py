@@ -20,10 +20,7 @@ from celery import Celery
 from sqlalchemy.exc import SQLAlchemyError
 
 from saga import metrics, payload, rules, telemetry
-from saga.constants import (
-    CONCLUDE_UNWIND_TASK,
-    tool_task_name,
-)
+from saga.constants import tool_task_name
 from saga.effects import encode_effect
 from saga.errors import (
     DispatchError,
@@ -33,10 +30,9 @@ from saga.errors import (
     StaleRecordError,
     StepsInFlightError,
     UnknownRunError,
-    UnknownToolError,
 )
 from saga.hooks import RunListener, SagaHooks
-from saga.model import CompensationState, RunState, StepState, ToolClass
+from saga.model import RunState, StepState, ToolClass
 from saga.notifications.notifier import Notifier
 from saga.picture import RunPicture
 from saga.records import EscalationRecord, RecordStore
@@ -44,6 +40,7 @@ from saga.settings import Settings
 from saga.stack import RunStore
 from saga.testing import Faults, faults_enabled
 from saga.transport import declares_nothing, use_pooled_client_transport
+from saga.unwind import send_chain, unwind_chain
 from saga.validation import check_deadline, check_flag, check_run_id
 
 if TYPE_CHECKING:
@@ -369,43 +366,11 @@ class Saga:
         if picture.pivot_step is not None:
             self.conclude(run_id, owner)
             return True
-        to_run = {
-            c.step
-            for c in picture.compensations
-            if c.state in (CompensationState.PENDING, CompensationState.RUNNING)
-        }
-        signatures = []
-        unwind = uuid.uuid4().hex[:8]
-        for entry in rules.unwind_order(picture.stack):
-            step = int(entry["step"])
-            if step not in to_run:
-                continue
-            problem = self._unrunnable(entry)
-            if problem:
-                error = {"type": "CompensationBuildError", "message": problem}
-                self.store.record_compensation(run_id, step, "fail", error)
-                continue
-            signatures.append(
-                self.app.signature(
-                    tool_task_name(entry["tool"]),
-                    kwargs={"run_id": run_id, "compensates": step, "unwind": owner},
-                    immutable=True,
-                    # Unique per unwind: a revoked id would be discarded forever on requeue.
-                    task_id=f"{run_id}:{step}:undo:{unwind}",
-                    **self._publish_options(tool_task_name(entry["tool"])),
-                )
-            )
-        # ``sent_at`` (Redis clock) times the unwind, for the metrics.
-        conclusion = {"run_id": run_id, "owner": owner, "sent_at": self.store.now()}
-        options = self._publish_options(CONCLUDE_UNWIND_TASK)
-        signatures.append(
-            self.app.signature(CONCLUDE_UNWIND_TASK, kwargs=conclusion, immutable=True, **options)
+        signatures = unwind_chain(
+            self.app, self.registry, self.store, picture, owner, self._publish_options
         )
         try:
-            # What ``celery.chain(*signatures).apply_async()`` sends (the first task, carrying
-            # the rest, next last), without the canvas's cloning and freezing of each member.
-            first, *rest = signatures
-            first.apply_async(chain=rest[::-1])
+            send_chain(signatures)
         except Exception as exc:
             # Nothing is lost: the run stays unwinding, owned and not sent, so the reaper
             # takes it over at its deadline and sends it again.
@@ -417,17 +382,6 @@ class Saga:
         metrics.stack_depth(len(picture.stack))
         logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
         return True
-
-    def _unrunnable(self, entry: dict[str, Any]) -> str:
-        """Why an undo on the stack cannot be sent (broken when pushed, or its tool is gone
-        from this deploy); '' when it can."""
-        if entry.get("broken"):
-            return str(entry["description"])
-        try:
-            self.registry.get(entry["tool"])
-        except UnknownToolError:
-            return f"compensation tool {entry['tool']!r} is not registered in this deploy"
-        return ""
 
     def conclude(self, run_id: str, owner: str = "", sent_at: float | None = None) -> RunState:
         """End an unwinding run: compensated, or escalated with the whole picture.

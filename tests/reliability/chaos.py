@@ -105,7 +105,7 @@ KINDS: list[tuple[str, int]] = [
 #: Hosted runs: the same kinds (no "abandon": a hosted run's agent cannot walk away; its
 #: "abort" is the model giving up), plus kills of the turn worker (weights add up to 100).
 HOSTED_KINDS: list[tuple[str, int]] = [
-    ("clean", 8),
+    ("clean", 4),
     ("transient_fail", 5),
     ("fail", 10),
     ("kill_before", 4),
@@ -117,11 +117,24 @@ HOSTED_KINDS: list[tuple[str, int]] = [
     ("pivot_fail", 5),
     ("undo_stranded", 2),
     ("turn_kill_model", 11),  # the turn worker dies in the model call, before the answer is kept
-    ("turn_kill_answer", 12),  # ... once the answer is recorded, before any dispatch
-    ("turn_kill_dispatch", 12),  # ... after its nth dispatch of a turn
+    ("turn_kill_answer", 10),  # ... once the answer is recorded, before any dispatch
+    ("turn_kill_dispatch", 10),  # ... after its nth dispatch of a turn
     ("turn_worker_kill", 10),  # a step SIGKILLs the whole turn worker, whatever it is doing
+    # One model call outlasts the asking lease and the visibility timeout (the turn's message
+    # comes back while it runs), sometimes with the same run enqueued again meanwhile, and
+    # half the time the turn worker dies in it once the lease would have run out unrenewed.
+    ("turn_long_model", 8),
 ]
-TURN_KINDS = {"turn_kill_model", "turn_kill_answer", "turn_kill_dispatch", "turn_worker_kill"}
+TURN_KINDS = {
+    "turn_kill_model",
+    "turn_kill_answer",
+    "turn_kill_dispatch",
+    "turn_worker_kill",
+    "turn_long_model",
+}
+#: A chaos turn's asking lease: the tool time limit plus the lease margin (``Saga.lease_seconds``,
+#: below ``saga.agents.lease.TURN_LEASE_SECONDS``). A long model call thinks 1.4-2x as long.
+TURN_LEASE = TIME_LIMIT + 2.0
 #: Kinds whose faults are all recoverable: the run should complete.
 RECOVERABLE = {"clean", "transient_fail", "kill_before", "kill_after", *TURN_KINDS}
 PRE_PIVOT = (["peek", "tag", "put", "charge"], [2, 1, 3, 3])
@@ -332,6 +345,13 @@ def _turns(
     elif kind == "turn_worker_kill":
         step = rng.randint(1, n)
         faults[f"kill:{step}"] = _fault(rng.choice(["before", "after"]), turn_worker=True)
+    long = None
+    if kind == "turn_long_model":
+        turn = rng.randint(1, last)
+        long = {"turn": turn, "seconds": round(rng.uniform(1.4, 2.0) * TURN_LEASE, 1)}
+        if rng.random() < 0.5:  # the asker dies past the lease's first length, once
+            faults[f"tkill:{turn}:in_long_call"] = _fault("in", 1)
+        plan["enqueue_again"] = turn == 1 and rng.random() < 0.7
     if kind in TURN_KINDS and rng.random() < 0.3:  # then a later step fails for good
         j = rng.randint(2, n)
         faults[f"fail:{j}"] = _fault("before", 3)
@@ -341,6 +361,7 @@ def _turns(
         "early": early,
         "give_up": give_up,
         "think": round(rng.uniform(0.0, 0.2), 2),
+        "long": long,
     }
 
 
@@ -354,6 +375,7 @@ def hosted_script(run_id: str, plan: dict[str, Any]) -> dict[str, Any]:
         "early": hosted["early"],
         "give_up": hosted["give_up"],
         "think": hosted["think"],
+        "long": hosted.get("long"),
     }
 
 
@@ -657,6 +679,14 @@ class Chaos:
             if self.client.enqueue_run(AGENT, script, run_id=run_id, deadline=deadline) != run_id:
                 drive.errors.append("enqueue_run returned another run id")
             drive.action = "enqueued"
+            if plan.get("enqueue_again"):
+                # A web app retrying its request while turn 1's long model call runs, past
+                # the lease's first length: the repeat must not ask the model a second time.
+                self.stop.wait(TURN_LEASE + 1.0)
+                if self.client.enqueue_run(AGENT, script, run_id=run_id, deadline=deadline) != (
+                    run_id
+                ):
+                    drive.errors.append("enqueue_run again returned another run id")
             limit = time.monotonic() + 2 * self.args.step_timeout
             while not self.stop.is_set() and time.monotonic() < limit:
                 if self.saga.picture(run_id).state.ended:

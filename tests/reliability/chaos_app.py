@@ -25,7 +25,10 @@ the turn worker inside the model call (``tkill:<turn>:in_model_call``, by the po
 counted the call: the answer is never recorded, so the turn is asked again), and at the turn
 task's fault points (``tkill:<turn>:after_model_answer``, ``tkill:<turn>:between_dispatches``,
 by ``TurnFaults``); a step's ``kill`` with ``turn_worker`` SIGKILLs the whole turn worker from
-outside, whatever turns it is playing.
+outside, whatever turns it is playing. A long model call (the script's ``long``) thinks past
+its asking lease's first length and the visibility timeout, so its turn's message comes back
+while it runs; the plan may kill the asker in it once the lease would have run out unrenewed
+(``tkill:<turn>:in_long_call``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from saga import (
     Undo,
 )
 from saga.agents import ModelTurn, ToolCall, Transcript
+from saga.agents.lease import TURN_LEASE_SECONDS
 from saga.constants import agent_key
 from saga.errors import ModelCallError
 from saga.testing import Faults
@@ -442,6 +446,16 @@ def chaos_policy(transcript: Transcript, tools: Any) -> ModelTurn:
         book.client.rpush(ANOMALIES, f"policy asked for {run_id} turn {turn} in {playing}")
     book.strike_turn(run_id, turn, "in_model_call")
     time.sleep(float(script.get("think", 0)))  # a model takes a moment
+    long = script.get("long") or {}
+    if long.get("turn") == turn:
+        # A call that outlasts its lease's first length: without renewals another delivery
+        # could ask now. The plan may kill the asker here, once that length has passed.
+        seconds = float(long["seconds"])
+        lease = min(saga.lease_seconds, TURN_LEASE_SECONDS)  # as the turn took it
+        past_lease = min(seconds, lease + 1.0)
+        time.sleep(past_lease)
+        book.strike_turn(run_id, turn, "in_long_call")
+        time.sleep(seconds - past_lease)
     turns = script_turns(script)
     expected = {c["tool"] for c in turns[index - 1] if c["step"] is None} if index else set()
     last = transcript.last_turn

@@ -1,0 +1,96 @@
+"""The unwind as Celery sends it: the compensations still to run, most recent first, as one
+chain ending in ``saga.conclude_unwind``.
+
+It needs only the Celery app, the tools of this deploy and the run's store, never the whole
+``Saga``: whoever owns the unwind (a failed step's worker, an abort, the reaper, a requeue)
+builds the same chain from the same picture.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from saga import rules
+from saga.constants import CONCLUDE_UNWIND_TASK, tool_task_name
+from saga.errors import UnknownToolError
+from saga.model import CompensationState
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from celery.canvas import Signature
+
+    from saga.picture import RunPicture
+    from saga.stack import RunStore
+    from saga.tools import ToolRegistry
+
+
+def unwind_chain(
+    app: Celery,
+    registry: ToolRegistry,
+    store: RunStore,
+    picture: RunPicture,
+    owner: str,
+    publish_options: Callable[[str], dict[str, Any]],
+) -> list[Signature]:
+    """The chain's signatures, the conclusion last. An undo that cannot be sent (broken when
+    pushed, or its tool gone from this deploy) is recorded as a failed compensation here, so
+    the conclusion escalates naming it instead of the chain failing on an unknown task."""
+    run_id = picture.run_id
+    to_run = {
+        c.step
+        for c in picture.compensations
+        if c.state in (CompensationState.PENDING, CompensationState.RUNNING)
+    }
+    signatures = []
+    # Unique per unwind: a revoked id would be discarded forever on requeue.
+    unwind = uuid.uuid4().hex[:8]
+    for entry in rules.unwind_order(picture.stack):
+        step = int(entry["step"])
+        if step not in to_run:
+            continue
+        problem = _unrunnable(registry, entry)
+        if problem:
+            error = {"type": "CompensationBuildError", "message": problem}
+            store.record_compensation(run_id, step, "fail", error)
+            continue
+        task = tool_task_name(entry["tool"])
+        signatures.append(
+            app.signature(
+                task,
+                kwargs={"run_id": run_id, "compensates": step, "unwind": owner},
+                immutable=True,
+                task_id=f"{run_id}:{step}:undo:{unwind}",
+                **publish_options(task),
+            )
+        )
+    # ``sent_at`` (Redis clock) times the unwind, for the metrics.
+    conclusion = {"run_id": run_id, "owner": owner, "sent_at": store.now()}
+    signatures.append(
+        app.signature(
+            CONCLUDE_UNWIND_TASK,
+            kwargs=conclusion,
+            immutable=True,
+            **publish_options(CONCLUDE_UNWIND_TASK),
+        )
+    )
+    return signatures
+
+
+def send_chain(signatures: list[Signature]) -> None:
+    """What ``celery.chain(*signatures).apply_async()`` sends (the first task, carrying the
+    rest, next last), without the canvas's cloning and freezing of each member."""
+    first, *rest = signatures
+    first.apply_async(chain=rest[::-1])
+
+
+def _unrunnable(registry: ToolRegistry, entry: dict[str, Any]) -> str:
+    """Why an undo on the stack cannot be sent; '' when it can."""
+    if entry.get("broken"):
+        return str(entry["description"])
+    try:
+        registry.get(entry["tool"])
+    except UnknownToolError:
+        return f"compensation tool {entry['tool']!r} is not registered in this deploy"
+    return ""
