@@ -7,8 +7,10 @@ message on a laptop and fail in CI (``CI=true``), so a broken CI machine is neve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,12 +22,40 @@ DEFAULT_REDIS = "redis://localhost:6379"
 #: The test session owns this Redis database index: flushed before and after.
 TEST_DB = int(os.environ.get("SAGA_TEST_REDIS_DB", "13"))
 ROOT = Path(__file__).resolve().parents[1]
+#: The record tests' PostgreSQL (each test works in a schema of its own: ``postgres_schema``).
+POSTGRES_URL = os.environ.get(
+    "SAGA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
 
 
 def service_missing(message: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"{message} (CI must provide it)")
     pytest.skip(message)
+
+
+@contextlib.contextmanager
+def postgres_schema(prefix: str) -> Iterator[tuple[str, str]]:
+    """A schema of the caller's own in the test PostgreSQL, dropped afterwards: (its name, the
+    URL whose search_path is it). Skips (fails in CI) when PostgreSQL does not answer."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import OperationalError
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 5})
+    try:
+        with admin.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        service_missing(f"no PostgreSQL at {POSTGRES_URL} ({exc.orig})")
+    separator = "&" if "?" in POSTGRES_URL else "?"
+    try:
+        yield schema, f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
 
 
 def redis_url_with_db(url: str, db: int) -> str:

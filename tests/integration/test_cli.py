@@ -7,6 +7,7 @@ exit code, and what it changed is checked in the records and the demo's systems.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,16 +23,13 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from sqlalchemy import create_engine, text
-from sqlalchemy.exc import OperationalError
 
 from saga import RunState, Saga, Settings, StepFailedError
 from saga.escalations import SCHEMA_VERSION
 from saga.testing import RedisServer, WorkerProcess, free_port
 from tasks import systems
-from tests.conftest import ROOT, service_missing
+from tests.conftest import ROOT, postgres_schema, service_missing
 from tests.integration.helpers import EMAIL, TICKET, demo_steps, wait_until
-from tests.integration.test_records import POSTGRES_URL
 
 pytestmark = pytest.mark.timeout(300)
 #: For the commands whose answers do not depend on the records' database: SQLite only (the
@@ -78,28 +76,6 @@ def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSer
         yield r
 
 
-def _postgres_schema() -> tuple[str, str]:
-    """A schema of this module's own: (its name, the URL whose search_path is it)."""
-    schema = f"cli_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 5})
-    try:
-        with admin.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except OperationalError as exc:
-        service_missing(f"no PostgreSQL at {POSTGRES_URL} ({exc.orig})")
-    finally:
-        admin.dispose()
-    separator = "&" if "?" in POSTGRES_URL else "?"
-    return schema, f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}"
-
-
-def _drop_schema(schema: str) -> None:
-    admin = create_engine(POSTGRES_URL)
-    with admin.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
-
-
 @pytest.fixture(
     scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
@@ -109,9 +85,9 @@ def world(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[World]:
     data = tmp_path_factory.mktemp(f"cli-{request.param}")
-    schema = ""
+    schemas = contextlib.ExitStack()
     if request.param == "postgres":
-        schema, database_url = _postgres_schema()
+        _, database_url = schemas.enter_context(postgres_schema("cli"))
         url = private_redis.url + "/1"
     else:
         database_url = f"sqlite:///{data / 'saga.db'}"
@@ -150,8 +126,7 @@ def world(
         saga.store.client.close()
         saga.records.dispose()
         systems.dispose_engines()
-    if schema:
-        _drop_schema(schema)
+    schemas.close()
     # The settings modules read the environment when first imported: those imported here (this
     # module's private Redis) must not outlive it, or later tests would talk to a stopped server.
     for name in set(sys.modules) - imported_before:

@@ -7,7 +7,6 @@ PostgreSQL gets a schema of its own per test (``search_path``), dropped afterwar
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +16,6 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, select, text
-from sqlalchemy.exc import OperationalError
 
 from saga.errors import DatabaseSchemaError
 from saga.guard import records_schema_problems
@@ -25,8 +23,7 @@ from saga.records import RecordStore, RunRecord, migrations
 from saga.records.models import Base
 from saga.settings import Settings
 from saga.testing import free_port
-from tests.conftest import service_missing
-from tests.integration.test_records import POSTGRES_URL
+from tests.conftest import postgres_schema
 
 TABLES = {
     "saga_runs",
@@ -46,21 +43,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'records.db'}"
         return
-    schema = f"m_{uuid.uuid4().hex}"
-    admin = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 5})
-    try:
-        with admin.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except OperationalError as exc:
-        admin.dispose()
-        service_missing(f"no PostgreSQL at {POSTGRES_URL} ({exc.orig})")
-    separator = "&" if "?" in POSTGRES_URL else "?"
-    try:
-        yield f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with postgres_schema("m") as (_, url):
+        yield url
 
 
 def differences(url: str) -> list[object]:

@@ -7,7 +7,6 @@ Every test runs on both databases: a file in ``tmp_path`` for SQLite, a schema o
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +16,6 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, func, inspect, select, text
-from sqlalchemy.exc import OperationalError
 
 from saga.errors import StaleRecordError
 from saga.model import CompensationState, RunState, StepState, ToolClass
@@ -25,11 +23,8 @@ from saga.records import EscalationRecord, RecordStore, RunRecord
 from saga.rules import REASON_AFTER_PIVOT, REASON_COMPENSATION_FAILED
 from saga.stack import CompensationRecord, RunPicture, StepRecord
 from saga.validation import RUN_ID_MAX_LENGTH, check_run_id
-from tests.conftest import service_missing
+from tests.conftest import POSTGRES_URL, postgres_schema
 
-POSTGRES_URL = os.environ.get(
-    "SAGA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
 CREATED = 1_700_000_000.25
 ENDED = 1_700_000_042.5
 
@@ -50,27 +45,18 @@ def records(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RecordSt
         store.dispose()
         return
 
-    schema = f"t_{uuid.uuid4().hex}"
-    admin = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 5})
-    try:
-        with admin.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except OperationalError as exc:
-        admin.dispose()
-        service_missing(f"no PostgreSQL at {POSTGRES_URL} ({exc.orig})")
-    separator = "&" if "?" in POSTGRES_URL else "?"
-    store = RecordStore(f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}")
-    try:
-        # the tables went into this test's schema, not into public
-        assert {"saga_runs", "saga_escalations"} <= set(
-            inspect(admin).get_table_names(schema=schema)
-        )
-        yield store
-    finally:
-        store.dispose()
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with postgres_schema("t") as (schema, url):
+        store = RecordStore(url)
+        admin = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 5})
+        try:
+            # the tables went into this test's schema, not into public
+            assert {"saga_runs", "saga_escalations"} <= set(
+                inspect(admin).get_table_names(schema=schema)
+            )
+            yield store
+        finally:
+            store.dispose()
+            admin.dispose()
 
 
 # -- pictures built by hand ----------------------------------------------------------------

@@ -7,7 +7,6 @@ named alice, ``read`` named bob). Built once for the package, torn down after it
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +14,6 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
-from sqlalchemy.exc import OperationalError
 
 from saga import RunState, Saga
 from saga.client import Client
@@ -25,13 +22,10 @@ from saga.testing import WorkerProcess
 from saga.web import create_app, tokens
 from saga.web.settings import WebSettings
 from tasks import systems
-from tests.conftest import ROOT, service_missing
+from tests.conftest import ROOT, postgres_schema
 from tests.integration.deployment import Deployment, deployment
 from tests.integration.helpers import demo_steps, wait_until
 
-POSTGRES_URL = os.environ.get(
-    "SAGA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
 #: Where the browser tests leave their screenshots (gitignored).
 ARTEFACTS = Path(os.environ.get("SAGA_TEST_ARTEFACTS", ROOT / "test-artefacts"))
 
@@ -77,27 +71,9 @@ class Web:
         )
 
 
-def _schema() -> Iterator[str]:
-    schema = f"t_web_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 5})
-    try:
-        with admin.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except OperationalError as exc:
-        admin.dispose()
-        service_missing(f"no PostgreSQL at {POSTGRES_URL} ({exc.orig})")
-    separator = "&" if "?" in POSTGRES_URL else "?"
-    try:
-        yield f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
-
-
 @pytest.fixture(scope="package")
 def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
-    for database_url in _schema():
+    with postgres_schema("t_web") as (_, database_url):
         data = tmp_path_factory.mktemp("web")
         with deployment(data, {"SAGA_DATABASE_URL": database_url}) as made:
             turns = WorkerProcess(
