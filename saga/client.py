@@ -121,13 +121,15 @@ class Client:
         """Start a run of ``agent`` on the workers; returns its id at once. The same
         ``run_id`` twice starts one run. ``deadline`` (seconds without progress before the
         reaper resolves the run, and an approval expires): default, the agent's own, as the
-        workers published it, else ``SAGA_RUN_DEADLINE``.
+        workers published it, else ``SAGA_RUN_DEADLINE`` until the turn worker gives the run
+        its agent's own as it plays the first turn.
 
         An agent no worker hosts is refused here (``UnknownAgentError``) once any worker has
         published the agents it hosts; before that, the turn worker ends such a run
         ``failed_to_start``."""
         check_agent_name(agent)
         hosted = published_agent(self.store, agent)
+        open_deadline = deadline is None and hosted is None  # nothing published: a guess
         if deadline is None:
             deadline = (hosted or {}).get("deadline") or self.settings.run_deadline_seconds
         return _enqueue_run(
@@ -138,6 +140,7 @@ class Client:
             run_id,
             check_deadline(deadline),
             self.settings.max_payload_bytes,
+            deadline_open=open_deadline,
         )
 
     def get_run(self, run_id: str) -> RunStatus:

@@ -98,6 +98,7 @@ class Saga:
         #: always one: any worker with the tools moves a hosted run on, agents declared or not.
         self.listeners: list[RunListener] = [HostedLoop(self)]
         self._agents: AgentRegistry | None = None
+        self._agents_published = False
         #: Escalation notices to the sinks of ``settings.notifications``.
         self.notifier = Notifier(self)
         install(app, self)
@@ -130,8 +131,12 @@ class Saga:
     def enqueue_run(self, agent: str, input: str, run_id: str | None = None) -> str:
         """Start a hosted run of ``agent`` and enqueue its first turn; return the run id at
         once. The same ``run_id`` twice starts one run."""
+        from saga.agents.hosted import publish_hosted_agents
         from saga.agents.launch import enqueue_run
 
+        if not self._agents_published:  # what this process knows, web apps may read too
+            publish_hosted_agents(self)
+            self._agents_published = True
         deadline = self.agents.get(agent).deadline or self.settings.run_deadline_seconds
         limit = self.settings.max_payload_bytes
         return enqueue_run(self.store, self.app, agent, input, run_id, deadline, limit)

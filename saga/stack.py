@@ -93,6 +93,7 @@ _SCRIPTS = (
     "request_approval",
     "expire_approval",
     "count_revival",
+    "adopt_deadline",
 )
 
 #: Answers of the scripts that mean "this transition is not in the table" (saga/machine.py).
@@ -205,8 +206,11 @@ class RunStore:
         allow_after_pivot: bool = False,
         agent: str = "",
         input_json: str = "",
+        deadline_open: bool = False,
     ) -> bool:
         """Create the run (and, for a hosted ``agent``, its loop's hash with the input).
+        ``deadline_open``: the deadline is a default the agent's own replaces
+        (``adopt_deadline``).
 
         One round trip: the reaper's index (due at the deadline), the listing's index (by
         creation time, only if the run is new to it), then the script, which stamps the run
@@ -216,7 +220,7 @@ class RunStore:
         are written here, not in the script, so every script touches one run's keys only (one
         hash tag: Redis Cluster)."""
         created = f"{self.now():.6f}"
-        args = (int(allow_after_pivot), deadline, agent, input_json, created)
+        args = (int(allow_after_pivot), deadline, agent, input_json, created, int(deadline_open))
 
         def queue(pipe: Any) -> None:
             pipe.zadd(ACTIVE_RUNS_KEY, {run_id: float(created) + deadline})
@@ -545,6 +549,21 @@ class RunStore:
         """Judge a waiting approval: ``decided`` (with the decision), ``expired`` (refused
         with ``message``, now or before), ``waiting`` (with when it expires), ``unknown``."""
         return self._call("expire_approval", run_id, marker, message)
+
+    def adopt_deadline(self, run_id: str, deadline: float) -> bool:
+        """Give a run created with ``deadline_open`` its agent's deadline (once; False when it
+        had been given already), and bring the reaper's look forward if it is now sooner."""
+        outcome = self._call("adopt_deadline", run_id, deadline)
+        if outcome.status != "ok":
+            return False
+        with _reachable("adopt_deadline"):
+            # Sooner only (ZADD LT needs Redis 6.2); a look that comes early is harmless: the
+            # reaper reads the run's own deadline and schedules the next.
+            due = float(outcome.values[0]) + deadline
+            current = self.client.zscore(ACTIVE_RUNS_KEY, run_id)
+            if current is None or due < float(current):
+                self.client.zadd(ACTIVE_RUNS_KEY, {run_id: due})
+        return True
 
     def count_revival(self, run_id: str) -> int:
         """The reaper sends a stalled hosted turn again: how often for this stall."""

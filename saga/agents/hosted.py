@@ -108,6 +108,8 @@ def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> Again | No
     except UnknownAgentError as exc:
         _not_hosted(saga, run_id, turn, str(exc))
         return None
+    if state.deadline_open:  # enqueued before any worker said what this agent's deadline is
+        saga.store.adopt_deadline(run_id, agent.deadline or saga.settings.run_deadline_seconds)
     turns = _turns(saga)
     answer = state.answers.get(turn)
     if answer is None:
@@ -445,7 +447,8 @@ def turn_task_options(saga: Saga) -> dict[str, Any]:
 
 
 def publish_hosted_agents(saga: Saga) -> None:
-    """A worker starts: say which agents it hosts (``saga.client`` refuses the others)."""
+    """Say which agents this app hosts (``saga.client`` refuses the others): a worker as it
+    starts, a ``Saga`` as it first enqueues a run."""
     try:
         publish_agents(saga.store, saga.agents)
     except StoreUnavailableError:

@@ -3,7 +3,10 @@ workers share. No tool code, no Celery import: tasks are sent by name on the app
 
 The workers publish the agents they host (``publish_agents``, as each starts), so a web app
 that knows nothing but the URLs can still refuse a run of an agent no worker runs, and start
-every run on its agent's own deadline.
+every run on its agent's own deadline. A run enqueued before any worker published has the
+web app's default deadline until its first turn: the turn worker, which hosts the agent, then
+gives it the agent's own (``adopt_deadline.lua``), before an approval or the reaper is judged
+by it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ def enqueue_run(
     run_id: str | None = None,
     deadline: float = 900,
     max_input_bytes: int = 256 * 1024,
+    deadline_open: bool = False,
 ) -> str:
     """Create the run and its loop's state in one script, then send turn 1; return the id.
 
@@ -45,7 +49,7 @@ def enqueue_run(
         raise PayloadError(f"the input is over the limit of {max_input_bytes} bytes")
     run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
     deadline = check_deadline(deadline)
-    if store.create(run_id, deadline, agent=agent, input_json=input):
+    if store.create(run_id, deadline, agent=agent, input_json=input, deadline_open=deadline_open):
         metrics.run_started()
     else:
         existing = store.client.hget(agent_key(run_id), "name")

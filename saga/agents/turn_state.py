@@ -52,6 +52,8 @@ class LoopState:
     #: What the end asked for ("finish" or "unwind"), carried out by whoever finds it undone.
     end: str = ""
     revived: int = 0
+    #: The run's deadline is a web app's default, for the agent's own to replace.
+    deadline_open: bool = False
 
     @classmethod
     def parse(cls, fields: dict[str, str]) -> LoopState | None:
@@ -98,6 +100,7 @@ class LoopState:
             ended=fields.get("ended", ""),
             end=fields.get("end", ""),
             revived=int(fields.get("revived") or 0),
+            deadline_open=fields.get("deadline_open") == "1",
         )
 
     @property

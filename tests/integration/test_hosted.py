@@ -14,7 +14,7 @@ import pytest
 
 from saga.agents import launch
 from saga.client import Client, RunStatus
-from saga.constants import turn_lease_key
+from saga.constants import AGENTS_KEY, agent_key, turn_lease_key
 from saga.errors import (
     ApprovalError,
     InvalidRunOptionError,
@@ -216,6 +216,25 @@ def test_a_web_app_starts_runs_on_their_agents_deadline(client: Client, saga: An
     assert (client.store.head(own) or pytest.fail()).deadline == 7
     assert (client.store.head(given) or pytest.fail()).deadline == 30
     assert ended(client, own).state == "completed"
+
+
+def test_a_run_enqueued_before_any_worker_published_gets_its_agents_deadline_at_turn_one(
+    client: Client, saga: Any
+) -> None:
+    """A web app that enqueues before any worker said which agents it hosts cannot know the
+    agent's deadline: the run starts on SAGA_RUN_DEADLINE, and the turn worker gives it the
+    agent's own as it plays the first turn (before an approval or the reaper is judged by it)."""
+    published = client.store.client.hgetall(AGENTS_KEY)
+    client.store.client.delete(AGENTS_KEY)
+    try:
+        run_id = client.enqueue_run("patient", "Hello.")
+        assert ended(client, run_id).state == "completed"
+    finally:
+        client.store.client.hset(AGENTS_KEY, mapping=published)
+
+    assert client.settings.run_deadline_seconds != 7
+    assert (client.store.head(run_id) or pytest.fail()).deadline == 7
+    assert client.store.client.hget(agent_key(run_id), "deadline_open") is None
 
 
 @pytest.mark.parametrize("deadline", [0, False, -1, float("nan"), float("inf"), "60"])
