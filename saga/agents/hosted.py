@@ -208,6 +208,8 @@ def _ask(
         _end(saga, run_id, turn, OnLimit.UNWIND, f"model call failed: {exc}")
     except PayloadError as exc:
         _end(saga, run_id, turn, OnLimit.UNWIND, f"the model's answer cannot be kept: {exc}")
+    except RunEndedError as exc:  # aborted, or reaped as hung, while the model thought
+        logger.info("run %s turn %d: the answer came after the run ended (%s)", run_id, turn, exc)
     except StoreUnavailableError:
         raise  # Redis away, not the policy's fault: the task tries the turn again
     except Exception as exc:  # a bug in the policy: every retry would fail the same way

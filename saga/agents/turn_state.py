@@ -21,7 +21,7 @@ from saga import payload
 from saga.agents.messages import ModelTurn, ToolCall, ToolResult, Usage
 from saga.agents.transcript import Transcript
 from saga.constants import agent_key, call_marker
-from saga.errors import PayloadError
+from saga.errors import PayloadError, RunEndedError
 from saga.model import RunState, StepState
 from saga.picture import RunPicture, StepRecord
 from saga.stack import RunStore
@@ -264,6 +264,8 @@ class TurnStore:
         outcome = self.store.record_answer(
             run_id, turn, text, len(answer.calls), usage.input_tokens, usage.output_tokens, token
         )
+        if outcome.status == "ended":  # ended while the model thought: nothing to keep
+            raise RunEndedError(run_id, str(outcome.values[0]))
         if outcome.status not in ("ok", "dup"):
             raise PayloadError(f"run {run_id} has no agent state ({outcome.status})")
         return ModelTurn.from_dict(json.loads(outcome.values[0]))

@@ -178,6 +178,30 @@ def test_a_model_call_longer_than_its_lease_is_asked_once(
     assert world.picture(run_id).state is RunState.COMPLETED
 
 
+def test_an_answer_that_comes_after_the_run_ended_is_not_kept(world: Saga) -> None:
+    """The run is aborted while its model thinks (an operator, or the reaper taking a call
+    that outlasted three deadlines for hung): the answer that comes back afterwards is not
+    written into the ended run, so Redis and its SQL record keep telling the same story."""
+    GATE.asked, GATE.answer = 0, threading.Event()
+    run_id = start(world, "review_thinker")
+    first = threading.Thread(target=run_turn, args=(world, run_id, 1), daemon=True)
+    first.start()
+    wait_until(lambda: GATE.asked == 1, 10, "the model to be asked")
+
+    world.abort(run_id, "the operator stopped it")
+    wait_until(lambda: world.store.head(run_id).recorded, 20, "the run's record")  # type: ignore[union-attr]
+    GATE.answer.set()
+    first.join(10)
+
+    assert not first.is_alive()
+    state = LoopState.parse(world.picture(run_id).agent)
+    assert state is not None and state.answers == {} and state.model_calls == 1
+    record = world.records.transcript(run_id)
+    assert record is not None and record.transcript.get("turns", []) == []
+    assert record.model_calls == state.model_calls
+    assert world.picture(run_id).state is RunState.COMPENSATED
+
+
 def test_the_lease_of_an_asker_that_died_runs_out_and_the_turn_is_asked_again(
     world: Saga, monkeypatch: pytest.MonkeyPatch
 ) -> None:
