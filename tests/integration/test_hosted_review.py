@@ -184,7 +184,7 @@ def test_the_lease_of_an_asker_that_died_runs_out_and_the_turn_is_asked_again(
     """Nobody renews a dead asker's lease: once it ran out, the next delivery asks."""
     monkeypatch.setattr(Saga, "lease_seconds", property(lambda self: 0.3))
     run_id = start(world, "review_credit_then_done")
-    assert world.store.ask_model(run_id, 1, 0.3, "a-delivery-that-died")
+    assert world.store.ask_model(run_id, 1, 0.3, "a-delivery-that-died") == "ok"
 
     assert run_turn(world, run_id, 1) == Again(2.0, model_attempt=False)
     time.sleep(0.4)
