@@ -315,15 +315,17 @@ class Engine:
         store = self.saga.store
         self._real_call = store._call
         self._real_picture = store.picture
-        self._real_complete = store.complete
         store._call = self._call  # type: ignore[method-assign]
         store.picture = self._picture  # type: ignore[method-assign]
-        store.complete = self._complete  # type: ignore[method-assign]
+        if hasattr(store, "complete"):  # older code concludes through ``_call``
+            self._real_complete = store.complete
+            store.complete = self._complete  # type: ignore[method-assign]
         records = self.saga.records
         self._read_run = records.run
         self._read_escalations = records.escalations
         for name in ("record_outcome", "record_unreadable", "resolve_escalations"):
-            setattr(records, name, self._guarded(name, getattr(records, name)))
+            if hasattr(records, name):
+                setattr(records, name, self._guarded(name, getattr(records, name)))
 
     def settings_overrides(self) -> dict[str, Any]:
         """Settings a sibling check (``modelcheck_hosted``) changes for its own engine."""
