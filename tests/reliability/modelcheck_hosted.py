@@ -44,6 +44,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from hypothesis import strategies as st
@@ -167,7 +168,8 @@ def _bridge_after_loop_ended() -> None:
     TurnStore.mark_ended = mark_ended  # type: ignore[method-assign]
 
 
-_BRIDGE = threading.local()
+#: The saga whose faults the bridged fault point strikes (one engine per process).
+_BRIDGE = SimpleNamespace(saga=None)
 
 
 class HostedEngine(mc.Engine):
@@ -352,6 +354,13 @@ class Ask:
     outcome: str = "running"  # running | answered | crashed | failed
 
 
+#: What the model answers turn by turn, unless a rule says otherwise (approvals often: an
+#: unanswered one per turn is how the revival limit shows).
+SCRIPTS = st.lists(
+    st.one_of(st.just("mail"), st.sampled_from(list(ANSWERS))), min_size=0, max_size=6
+)
+
+
 class HostedCheck(ModelCheck):
     """Hosted runs: turns on the broker, a scripted model, people deciding approvals."""
 
@@ -363,6 +372,10 @@ class HostedCheck(ModelCheck):
         #: The fault point of a turn armed to kill the next delivery that reaches it.
         self.armed = ""
         self.aborted: set[str] = set()
+        self.script: list[str] = []
+        #: At the end of an example: the last reaper pass's offset, and that the end is on.
+        self.quiescing = False
+        self.clock = 0.0
         #: Runs whose loop ended on a final answer while they were running (seen after a step).
         self.finished: set[str] = set()
         self.engine: HostedEngine
@@ -426,7 +439,8 @@ class HostedCheck(ModelCheck):
         self.check_fed_back(run_id, turn, transcript)
         delivery.asking = True  # type: ignore[attr-defined]
         command = delivery.gate()
-        kind = getattr(delivery, "answer", "final")
+        scripted = self.script[turn - 1] if turn <= len(self.script) else "final"
+        kind = getattr(delivery, "answer", scripted)
         if command is Command.CRASH_BEFORE:
             ask.outcome = "crashed"
             delivery.dead = True  # type: ignore[attr-defined]
@@ -577,11 +591,13 @@ class HostedCheck(ModelCheck):
 
     # -- rules: runs --------------------------------------------------------------------------
 
-    @initialize(count=st.integers(1, 2), undo_failures=st.integers(0, 1))
+    @initialize(count=st.integers(1, 2), undo_failures=st.integers(0, 1), script=SCRIPTS)
     @step
-    def start_runs(self, count: int, undo_failures: int) -> None:
-        """``count`` hosted runs (turn 1 of each is on the broker)."""
+    def start_runs(self, count: int, undo_failures: int, script: list[str]) -> None:
+        """``count`` hosted runs (turn 1 of each is on the broker); ``script``: what the model
+        answers turn by turn when no rule says otherwise (then: a final answer)."""
         WORLD.undo_failures = undo_failures
+        self.script = list(script)
         self.runs = [self.engine.enqueue(f"run{i}") for i in range(count)]
         for run_id in self.runs:
             self.touches[run_id] = []
@@ -702,12 +718,6 @@ class HostedCheck(ModelCheck):
 
     # -- time -------------------------------------------------------------------------------------
 
-    def reap_at(self, offset: float, touch: bool) -> None:
-        """A reaper pass ``offset`` ahead: that much time passed for the leases and the
-        approval requests too."""
-        self.time_moves(offset)
-        super().reap_at(offset, touch)
-
     def time_limit_passes(self, offset: float) -> None:
         self.time_moves(offset)
         super().time_limit_passes(offset)
@@ -722,6 +732,31 @@ class HostedCheck(ModelCheck):
         self.engine.lease_time_passes()
         if offset >= mc.RUN_DEADLINE:
             self.engine.approvals_age(self.runs, offset)
+
+    def quiesce_and_check(self) -> None:
+        self.quiescing = True
+        super().quiesce_and_check()
+
+    def reap_at(self, offset: float, touch: bool) -> None:
+        """A reaper pass ``offset`` ahead (the passes at the end of an example too): that
+        much time passed for the leases and the approval requests; an abandoned run is
+        judged. At the end of an example the clock only moves forward, a deadline and more
+        each pass (a run may wait for several approvals to expire, one per pass)."""
+        if self.quiescing:
+            offset = max(offset, self.clock + mc.RUN_DEADLINE + 1)
+            self.clock = offset
+        self.time_moves(offset)
+        try:
+            done = self.engine.reap(mc.time.time() + offset)
+        except Exception as exc:
+            self.unexpected("reap", "", exc)
+            return
+        for run_id, labels in done.items():
+            self.say(f"reaper: {run_id.split('-')[0]} {', '.join(labels)}")
+            if touch:
+                for label in labels:
+                    self.touch(run_id, label)
+        self.judge_abandoned(done)
 
     def reaper_done(self, reaper: Any) -> None:
         super().reaper_done(reaper)
@@ -741,10 +776,6 @@ class HostedCheck(ModelCheck):
                 )
 
     # -- the end of an example --------------------------------------------------------------------
-
-    def quiesce_and_check(self) -> None:
-        self.armed = ""
-        super().quiesce_and_check()
 
     def check_run(self, run_id: str) -> None:
         super().check_run(run_id)

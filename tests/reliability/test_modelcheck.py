@@ -1,4 +1,5 @@
-"""The stateful model check (``tests.reliability.modelcheck``), bounded for the test suite.
+"""The stateful model checks (``tests.reliability.modelcheck``, the engine's, and
+``tests.reliability.modelcheck_hosted``, the hosted loop's), bounded for the test suite.
 
 A fixed number of derandomized examples (the same ones on every run, so a failure here is a
 regression, not bad luck) against a private ``redis-server`` this test starts and stops; no
@@ -30,3 +31,21 @@ def test_model_check_finds_no_violation() -> None:
     settings = modelcheck.profile(EXAMPLES, STEPS, derandomize=True)
     with modelcheck.quiet_logs(), modelcheck.running():
         run_state_machine_as_test(modelcheck.ModelCheck, settings=settings)
+
+
+#: The hosted loop's check: 120 examples of at most 30 rules, about 20 s on two cores.
+HOSTED_EXAMPLES = 120
+HOSTED_STEPS = 30
+
+
+@pytest.mark.timeout(300)
+def test_hosted_model_check_finds_no_violation() -> None:
+    if shutil.which("redis-server") is None:
+        service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from tests.reliability import modelcheck, modelcheck_hosted
+
+    settings = modelcheck.profile(HOSTED_EXAMPLES, HOSTED_STEPS, derandomize=True)
+    with modelcheck.quiet_logs(), modelcheck.running(modelcheck_hosted.HostedEngine):
+        run_state_machine_as_test(modelcheck_hosted.HostedCheck, settings=settings)
