@@ -27,11 +27,13 @@ Invariants, after every step (from the model-call log, the world ledger, Redis a
 ``refusal-not-fed-back`` (a refused, denied or expired call of an earlier turn is not an error
 result in the transcript the model reads), ``approval-accepted-*`` (a decision on other
 arguments, or a second decision, taken); at the end of an example: ``final-answer-unwound``
-(a final answer recorded, and the run did not complete although nobody aborted it),
+(the loop ended on a final answer while the run was running, and the run did not complete
+although nobody aborted it),
 ``abandoned-without-loss`` (the reaper aborted the run as abandoned though none of its messages
 was lost and none sat waiting when it looked), ``call-two-steps``, ``irreversible-without-
-approval`` (a send went out without an approval of exactly its arguments), and the engine
-check's own (``stuck-<state>``, ``sql-disagrees``, the world's symptoms, ...).
+approval`` (a send went out without an approval of exactly its arguments),
+``loop-failed-in-the-library`` (the loop ended "the policy failed", which the scripted model
+never does: the library raised around it), and the engine check's own (``stuck-<state>``, ``sql-disagrees``, the world's symptoms, ...).
 """
 
 from __future__ import annotations
@@ -789,6 +791,9 @@ class HostedCheck(ModelCheck):
                 run_id,
                 f"the loop ended on the model's final answer, yet the run ended {state}",
             )
+        ended = loop.get("ended", "")
+        if ended.startswith("the policy failed"):  # the scripted model never raises so
+            self.violation("loop-failed-in-the-library", run_id, f"the loop ended: {ended[:160]}")
         steps = self.engine.step_calls(run_id)
         markers = [marker for _, marker, _, _ in steps]
         for marker in set(markers):
