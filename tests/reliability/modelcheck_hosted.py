@@ -33,7 +33,8 @@ although nobody aborted it),
 was lost and none sat waiting when it looked), ``call-two-steps``, ``irreversible-without-
 approval`` (a send went out without an approval of exactly its arguments),
 ``loop-failed-in-the-library`` (the loop ended "the policy failed", which the scripted model
-never does: the library raised around it), and the engine check's own (``stuck-<state>``, ``sql-disagrees``, the world's symptoms, ...).
+never does: the library raised around it), and the engine check's own (``stuck-<state>``,
+``sql-disagrees``, the world's symptoms, ...).
 """
 
 from __future__ import annotations
@@ -304,17 +305,24 @@ class HostedEngine(mc.Engine):
             if client.get(key) not in live:
                 client.delete(key)
 
-    def approvals_age(self, run_ids: list[str], seconds: float) -> None:
+    def approvals_age(self, run_ids: list[str], seconds: float) -> list[str]:
         """``seconds`` pass on the Redis clock for the approval requests (the model cannot
-        move the clock: it moves the requests back)."""
+        move the clock: it moves the requests back). Returns the runs with a request nobody
+        decided nor refused yet."""
         client = self.saga.store.client
+        waiting = []
         for run_id in run_ids:
             key = agent_key(run_id)
-            for name, value in client.hgetall(key).items():
+            loop = client.hgetall(key)
+            for name, value in loop.items():
                 if name.endswith(":approval"):
+                    marker = name.rsplit(":", 1)[0]
+                    if f"{marker}:decision" not in loop and f"{marker}:refused" not in loop:
+                        waiting.append(run_id)
                     request = json.loads(value)
                     request["requested_at"] = float(request["requested_at"]) - seconds
                     client.hset(key, name, json.dumps(request))
+        return waiting
 
     # -- what the model reads -----------------------------------------------------------------
 
@@ -733,7 +741,8 @@ class HostedCheck(ModelCheck):
             self.touch(run_id, "work-waiting")
         self.engine.lease_time_passes()
         if offset >= mc.RUN_DEADLINE:
-            self.engine.approvals_age(self.runs, offset)
+            for run_id in self.engine.approvals_age(self.runs, offset):
+                self.touch(run_id, "approval-unanswered")
 
     def quiesce_and_check(self) -> None:
         self.quiescing = True
