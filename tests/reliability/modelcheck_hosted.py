@@ -105,6 +105,21 @@ TURN_LEASE = 60.0
 #: Where ``run_turn`` may kill its worker (the ``saga.testing`` fault points of a turn).
 TURN_POINTS = ("after_model_answer", "between_dispatches", "after_loop_ended")
 
+#: The loop's own store scripts (and the ones it ends through): a lost reply of each is a rule.
+LOOP_SCRIPTS = (
+    "ask_model",
+    "record_answer",
+    "turn_lease",
+    "advance_turn",
+    "record_refusal",
+    "freeze_results",
+    "request_approval",
+    "decide_approval",
+    "expire_approval",
+    "count_revival",
+    "abort",
+    "conclude",
+)
 #: What the scripted model may answer: kind -> the calls (tool, arguments, id) or a final text.
 ANSWERS: dict[str, list[tuple[str, dict[str, Any], str | None]] | str] = {
     "final": "all done",
@@ -371,6 +386,11 @@ SCRIPTS = st.lists(
 )
 
 
+#: What a rule makes the model answer: half the time the script's answer or a call needing
+#: approval (so people have requests to decide), else any kind.
+ANSWER_KINDS = st.one_of(st.sampled_from(["scripted", "mail"]), st.sampled_from(list(ANSWERS)))
+
+
 class HostedCheck(ModelCheck):
     """Hosted runs: turns on the broker, a scripted model, people deciding approvals."""
 
@@ -383,6 +403,8 @@ class HostedCheck(ModelCheck):
         self.armed = ""
         self.aborted: set[str] = set()
         self.script: list[str] = []
+        #: The script whose next reply is lost ('' for none).
+        self.script_to_lose = ""
         #: At the end of an example: the last reaper pass's offset, and that the end is on.
         self.quiescing = False
         self.clock = 0.0
@@ -558,7 +580,8 @@ class HostedCheck(ModelCheck):
     @step
     def settle(self) -> None:
         """Deliver every queued message in order, each to its end (tools proceed, the model
-        is left asking); a turn waiting for another delivery's model call stays queued."""
+        answers as scripted); a turn waiting for another delivery's model call stays queued
+        (``start_delivery`` leaves a model call running)."""
         for _ in range(60):
             with self.broker_lock:
                 if not self.ready:
@@ -572,8 +595,9 @@ class HostedCheck(ModelCheck):
             self.deliver_fully(message)
 
     def deliver_fully(self, message: Message) -> None:
+        """To its end: a tool proceeds, the model answers as the example's script says."""
         delivery = self.start(message)
-        if delivery is not None and delivery.message.info.kind != "turn":
+        if delivery is not None:
             self.order(delivery, Command.PROCEED)
 
     def unexpected(self, entry: str, run_id: str, exc: BaseException) -> None:
@@ -643,13 +667,15 @@ class HostedCheck(ModelCheck):
     # -- rules: the model ---------------------------------------------------------------------
 
     @precondition(lambda self: bool(self.asking()))
-    @rule(pick=mc.PICK, kind=st.sampled_from(list(ANSWERS)))
+    @rule(pick=mc.PICK, kind=ANSWER_KINDS)
     @step
     def answer_model(self, pick: int, kind: str) -> None:
-        """The model answers the call it was asked (``kind``: see ``ANSWERS``)."""
+        """The model answers the call it was asked (``kind``: see ``ANSWERS``; ``scripted``:
+        what the example's script says for that turn)."""
         asking = self.asking()
         delivery = asking[pick % len(asking)]
-        delivery.answer = kind  # type: ignore[attr-defined]
+        if kind != "scripted":
+            delivery.answer = kind  # type: ignore[attr-defined]
         self.say(f"the model answers {kind}")
         self.order(delivery, Command.PROCEED)
 
@@ -662,6 +688,21 @@ class HostedCheck(ModelCheck):
         delivery = asking[pick % len(asking)]
         self.touch(delivery.message.info.run_id, f"model-{how}")
         self.order(delivery, Command.CRASH_BEFORE if how == "crash" else Command.FAIL)
+
+    @rule(script=st.sampled_from(LOOP_SCRIPTS))
+    @step
+    def lose_reply_of(self, script: str) -> None:
+        """The next call of ``script`` runs on the server; its reply is lost on the way back
+        (whoever calls it: a turn, a tool worker, the reaper, the web client)."""
+        self.script_to_lose = script
+
+    def hook_lose_reply(self, script: str, run_id: str) -> bool:
+        if self.script_to_lose and script == self.script_to_lose:
+            self.script_to_lose = ""
+            side = "worker" if current_delivery() is not None else "client"
+            self.touch(run_id, f"lost-reply-{side}:{script}")
+            return True
+        return super().hook_lose_reply(script, run_id)
 
     @rule(point=st.sampled_from(TURN_POINTS))
     @step
@@ -679,15 +720,17 @@ class HostedCheck(ModelCheck):
 
     # -- rules: people --------------------------------------------------------------------------
 
-    def pending(self) -> list[tuple[str, str, dict[str, Any], bool]]:
-        """(run, call marker, request, decided) of every approval requested."""
+    def pending(self) -> list[tuple[str, str, dict[str, Any], bool, bool]]:
+        """(run, call marker, request, decided, refused) of every approval requested."""
         found = []
         for run_id in self.runs:
             loop = self.engine.loop(run_id)
             for name, value in sorted(loop.items()):
                 if name.endswith(":approval"):
                     marker = name.rsplit(":", 1)[0]
-                    found.append((run_id, marker, json.loads(value), f"{marker}:decision" in loop))
+                    decided = f"{marker}:decision" in loop
+                    refused = f"{marker}:refused" in loop
+                    found.append((run_id, marker, json.loads(value), decided, refused))
         return found
 
     @precondition(lambda self: bool(self.pending()))
@@ -697,7 +740,14 @@ class HostedCheck(ModelCheck):
         """A person decides a requested call: approves it as shown, denies it, approves other
         arguments than the request's (refused), or decides one already decided (refused)."""
         requests = self.pending()
-        run_id, marker, request, decided = requests[pick % len(requests)]
+        # Mostly a request still open (of a running run); ``again``: one decided already.
+        running = set(self.in_state("running"))
+        wanted = [
+            r
+            for r in requests
+            if (r[3] if how == "again" else not r[3] and r[0] in running and not r[4])
+        ]
+        run_id, marker, request, decided, _ = (wanted or requests)[pick % len(wanted or requests)]
         hash_ = str(request["args_hash"])
         verdict = "denied" if how == "deny" else "approved"
         if how == "approve_other":
@@ -746,6 +796,7 @@ class HostedCheck(ModelCheck):
 
     def quiesce_and_check(self) -> None:
         self.quiescing = True
+        self.script_to_lose = ""
         super().quiesce_and_check()
 
     def reap_at(self, offset: float, touch: bool) -> None:
