@@ -6,10 +6,12 @@ the same gated deliveries, world ledger, campaign, resources and CLI, imported f
 
 What it adds: each run is a hosted run (``Saga.enqueue_run``), its turns are messages on the
 model's broker, and a delivery of a turn runs the real ``play_turn`` in a thread. The model is
-a scripted fake whose every call blocks at a gate, so the check decides what each turn answers
-(a final answer, one call or several, a call that needs a person's approval, malformed calls:
-no id, a duplicate id, an unknown tool, oversized arguments), or that the call fails (a 429)
-or that the worker dies in it. Every model call is logged with the delivery that made it.
+a scripted fake whose every call blocks at a gate: each example draws a script (what turn k
+answers when nothing else is said: ``settle`` and the end of the example follow it), and
+``answer_model`` makes a blocked call answer anything (a final answer, one call or several, a
+call that needs a person's approval, malformed calls: no id, a duplicate id, an unknown tool,
+oversized arguments); ``model_fails`` makes it fail (a 429) or kills its worker. Every model
+call is logged with the delivery that made it.
 
 Rules beyond the engine check's (tool deliveries, broker redelivery/duplicates/revokes, reaper
 passes, paused reaper passes, lost replies, refused publishes, records outages): the model
@@ -17,7 +19,9 @@ answers or fails or the asker dies; the worker dies at a point of ``run_turn`` (
 answer is recorded, between two dispatches, between marking the loop ended and carrying the
 end out); ``enqueue_run`` again with the same id (the library's and the web client's); a
 person approves (or approves other arguments, or approves twice) or denies a pending call;
-``abort_run``; time passes past the asking lease (a model call that outlasts it: the keeper
+``abort_run``; the reply of a named script of the loop is lost (``lose_reply_of``: the
+ask, the answer, the lease, the advance, a refusal, the frozen results, an approval's request,
+decision or expiry, a revival, the abort, the conclusion); time passes past the asking lease (a model call that outlasts it: the keeper
 renews the leases of live calls, if the code has one; a dead asker's lease runs out). A
 reaper pass past the run's deadline is that much time passing too: approval requests age.
 
