@@ -21,9 +21,10 @@ end out); ``enqueue_run`` again with the same id (the library's and the web clie
 person approves (or approves other arguments, or approves twice) or denies a pending call;
 ``abort_run``; the reply of a named script of the loop is lost (``lose_reply_of``: the
 ask, the answer, the lease, the advance, a refusal, the frozen results, an approval's request,
-decision or expiry, a revival, the abort, the conclusion); time passes past the asking lease (a model call that outlasts it: the keeper
-renews the leases of live calls, if the code has one; a dead asker's lease runs out). A
-reaper pass past the run's deadline is that much time passing too: approval requests age.
+decision or expiry, a revival, the abort, the conclusion); time passes past the asking
+lease (a model call that outlasts it: the keeper renews the leases of live calls, if the code
+has one; a dead asker's lease runs out). A reaper pass past the run's deadline is that much
+time passing too: approval requests age.
 
 Invariants, after every step (from the model-call log, the world ledger, Redis and SQL):
 ``model-asked-concurrently`` (two deliveries in the model for one turn at once),
