@@ -49,3 +49,36 @@ def test_hosted_model_check_finds_no_violation() -> None:
     settings = modelcheck.profile(HOSTED_EXAMPLES, HOSTED_STEPS, derandomize=True)
     with modelcheck.quiet_logs(), modelcheck.running(modelcheck_hosted.HostedEngine):
         run_state_machine_as_test(modelcheck_hosted.HostedCheck, settings=settings)
+
+
+#: The shrunk programs with which the hosted check finds issue 15's defects 1, 3 and 7 on the
+#: code before their fixes (commit 260c8c9): each must now replay without a violation.
+OLD_DEFECTS: dict[str, list[tuple[str, dict[str, object]]]] = {
+    "final answer recorded, crash before complete, the reaper unwinds": [
+        ("start_runs", {"count": 1, "undo_failures": 0, "script": []}),
+        ("arm_turn_crash", {"point": "after_loop_ended"}),
+    ],
+    "a model call outlasts its lease, a repeated enqueue asks again": [
+        ("start_runs", {"count": 1, "undo_failures": 0, "script": []}),
+        ("start_delivery", {"pick": 0}),
+        ("lease_time_passes", {}),
+        ("enqueue_again", {"run": 0, "via": "saga"}),
+        ("start_delivery", {"pick": 0}),
+    ],
+    "the fourth unanswered approval abandons the run": [
+        ("start_runs", {"count": 1, "undo_failures": 0, "script": ["mail"] * 4}),
+    ],
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("defect", list(OLD_DEFECTS))
+def test_hosted_model_check_replays_the_old_defects_without_a_violation(defect: str) -> None:
+    if shutil.which("redis-server") is None:
+        service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
+    from tests.reliability import modelcheck, modelcheck_hosted
+
+    program = modelcheck.Program(OLD_DEFECTS[defect], modelcheck_hosted.HostedCheck)
+    with modelcheck.quiet_logs(), modelcheck.running(modelcheck_hosted.HostedEngine):
+        violation, transcript = program.replay()
+    assert violation is None, "\n".join(transcript)
