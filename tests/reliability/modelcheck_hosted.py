@@ -199,7 +199,11 @@ class HostedEngine(mc.Engine):
     """The engine, with a hosted agent whose policy is the model's, and a web client."""
 
     def settings_overrides(self) -> dict[str, Any]:
-        return {"max_payload_bytes": MAX_PAYLOAD}
+        # Patience well above one replay: a lost reply (the only outage here) is always
+        # replayed by ``play_turn``, whatever the machine's load. At the engine check's
+        # 0.05 s, a slow first attempt gave up instead, so one example could run two ways
+        # (Hypothesis then stops: "inconsistent data generation").
+        return {"max_payload_bytes": MAX_PAYLOAD, "store_outage_patience": 5.0}
 
     def __init__(self, redis_url: str, database_url: str, world: Any, hooks: Any) -> None:
         super().__init__(redis_url, database_url, world, hooks)
