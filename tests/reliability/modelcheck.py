@@ -301,15 +301,15 @@ class Engine:
             broker_connection_max_retries=0,
         )
         self.app = app
-        settings_ = Settings(
-            redis_url=f"{redis_url}/0",
-            database_url=database_url,
-            retention_seconds=RETENTION_SECONDS,
-            run_deadline_seconds=RUN_DEADLINE,
-            store_outage_patience=OUTAGE_PATIENCE,
-            max_redeliveries=MAX_REDELIVERIES,
-            **self.settings_overrides(),
-        )
+        options: dict[str, Any] = {
+            "redis_url": f"{redis_url}/0",
+            "database_url": database_url,
+            "retention_seconds": RETENTION_SECONDS,
+            "run_deadline_seconds": RUN_DEADLINE,
+            "store_outage_patience": OUTAGE_PATIENCE,
+            "max_redeliveries": MAX_REDELIVERIES,
+        }
+        settings_ = Settings(**{**options, **self.settings_overrides()})
         self.saga = Saga(app, build_registry(world), settings_)
         app.send_task = self._send_task  # type: ignore[method-assign]
         store = self.saga.store
