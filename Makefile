@@ -68,12 +68,19 @@ bench-agents: $(INSTALLED)
 chaos: $(INSTALLED)
 	$(BIN)/python -m tests.reliability.chaos --runs $(or $(RUNS),200) --seed $(SEED)
 
-# The model check of the engine's state machines, long profile (each job starts its own
-# redis-server): make modelcheck EXAMPLES=N SEED=S JOBS=J (default 20000, 1, 2: one per core).
-EXAMPLES ?= 20000
+# The model checks, long profile (each job starts its own redis-server): the engine's state
+# machines (EXAMPLES), then the hosted agent loop's turns, lease, approvals and revivals
+# (HOSTED_EXAMPLES). make modelcheck EXAMPLES=N HOSTED_EXAMPLES=M SEED=S JOBS=J (default
+# 12000, 10000, 1, 2: one job per core); both run, and it fails if either finds a violation.
+EXAMPLES ?= 12000
+HOSTED_EXAMPLES ?= 10000
 JOBS ?= 2
 modelcheck: $(INSTALLED)
-	$(BIN)/python -m tests.reliability.modelcheck --examples $(EXAMPLES) --seed $(SEED) --jobs $(JOBS)
+	$(BIN)/python -m tests.reliability.modelcheck --examples $(EXAMPLES) --seed $(SEED) --jobs $(JOBS); \
+	engine=$$?; \
+	$(BIN)/python -m tests.reliability.modelcheck_hosted --examples $(HOSTED_EXAMPLES) --seed $(SEED) --jobs $(JOBS); \
+	hosted=$$?; \
+	test $$engine -eq 0 -a $$hosted -eq 0
 
 # Each worker has a node name of its own (-n): two under one name hide each other from Flower
 # and from `saga doctor`.

@@ -482,12 +482,16 @@ class RunStore:
         outcome = self._call("restore", picture.run_id, *documents, self.retention_seconds)
         return outcome.status == "ok"
 
-    def ask_model(self, run_id: str, turn: int, lease_seconds: float, token: str) -> bool:
+    def ask_model(
+        self, run_id: str, turn: int, lease_seconds: float, token: str, most: int = 0
+    ) -> str:
         """Take turn ``turn``'s lease under ``token`` and count the policy call it is taken
-        for; False (and nothing counted) while another delivery holds the lease."""
+        for: ``ok``; else nothing counted: ``busy`` while another delivery holds the lease,
+        ``answered`` when the turn's answer is recorded, ``spent`` when the turn has been
+        asked ``most`` times already (0: no limit)."""
         lease_ms = max(1, int(lease_seconds * 1000))
         lease = turn_lease_key(run_id, turn)
-        return self._call("ask_model", run_id, turn, lease_ms, token, extra=lease).status == "ok"
+        return str(self._call("ask_model", run_id, turn, lease_ms, token, most, extra=lease).status)
 
     def renew_turn_lease(self, run_id: str, turn: int, token: str, lease_seconds: float) -> bool:
         """Extend the turn's lease if ``token`` still holds it; False if it does not."""

@@ -91,10 +91,15 @@ def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> Again | No
     if picture is None or state is None:
         logger.error("run %s: turn %d of a run with no agent state; dropped", run_id, turn)
         return None
-    if picture.state is RunState.RUNNING and state.ended:
-        # The loop's end was recorded and not carried out (its delivery died in between):
-        # carry it out, as recorded. A final answer completes; it never unwinds.
-        carry_out_end(saga, run_id, state.end or _end_of(state.ended), state.ended)
+    end = (state.end or _end_of(state.ended)) if state.ended else ""
+    if (picture.state is RunState.RUNNING and end) or (
+        picture.state is RunState.UNWINDING and end and end != OnLimit.FINISH
+    ):
+        # The loop's end was recorded and not carried out (its delivery died in between, or
+        # the reply of its abort was lost, so nobody sent the unwind): carry it out, as
+        # recorded (an abort with the same reason sends the unwind if nobody has). A final
+        # answer completes; it never unwinds.
+        carry_out_end(saga, run_id, end, state.ended)
         return None
     if picture.state is not RunState.RUNNING or turn in state.advanced:
         return None  # the run is failing or ended, or this turn is done: a late duplicate
@@ -181,14 +186,19 @@ def _ask(
         how, why = ended
         _end(saga, run_id, turn, how, why)
         return None
+    # Every delivery died or failed asking: stop looping. Judged under the lease (by the
+    # script), never while another delivery's model call may still answer.
     most = agent.model_retry.attempts + saga.settings.max_redeliveries
-    if state.asked.get(turn, 0) >= most:  # every delivery died or failed asking: stop looping
-        why = f"turn {turn} was asked {state.asked[turn]} times without an answer"
+    hold = Hold(run_id, turn, min(saga.lease_seconds, TURN_LEASE_SECONDS))
+    taken = turns.ask_model(run_id, turn, hold.seconds, hold.token, most)
+    if taken == "busy":
+        return Again(_LEASE_WAIT)
+    if taken == "answered":  # recorded since this delivery read the run: play it again
+        return Again(0.0)
+    if taken == "spent":
+        why = f"turn {turn} was asked {most} times without an answer"
         _end(saga, run_id, turn, OnLimit.UNWIND, why)
         return None
-    hold = Hold(run_id, turn, min(saga.lease_seconds, TURN_LEASE_SECONDS))
-    if not turns.ask_model(run_id, turn, hold.seconds, hold.token):
-        return Again(_LEASE_WAIT)
     recorded: ModelTurn | None = None  # recording the answer releases the lease
     try:
         with keeper_for(saga.store).holding(hold):

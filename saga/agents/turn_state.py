@@ -270,11 +270,13 @@ class TurnStore:
             raise PayloadError(f"run {run_id} has no agent state ({outcome.status})")
         return ModelTurn.from_dict(json.loads(outcome.values[0]))
 
-    def ask_model(self, run_id: str, turn: int, lease_seconds: float, token: str) -> bool:
+    def ask_model(
+        self, run_id: str, turn: int, lease_seconds: float, token: str, most: int = 0
+    ) -> str:
         """Take the turn's lease and count the model call (one step): only one delivery of a
         turn asks the model at a time, and a redelivery while a slow model still answers the
         first must wait for its answer, not ask again. ``record_answer`` releases it."""
-        return self.store.ask_model(run_id, turn, lease_seconds, token)
+        return self.store.ask_model(run_id, turn, lease_seconds, token, most)
 
     def release_lease(self, run_id: str, turn: int, token: str) -> None:
         """For a model call that ended without an answer to record."""

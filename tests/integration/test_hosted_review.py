@@ -75,6 +75,11 @@ class _NoIds:
         return {"choices": [{"message": message, "finish_reason": "tool_calls"}], "usage": {}}
 
 
+def _broken_policy(transcript: Any, tools: Any) -> ModelTurn:
+    """A policy with a bug: the loop ends, unwinding."""
+    raise RuntimeError("the policy has a bug")
+
+
 GATE = _Gate()
 NO_IDS = _NoIds()
 
@@ -88,6 +93,7 @@ def hosted(demo_app: Any, worker: Any) -> Iterator[Saga]:
         "review_thinker": (GATE, {}),
         "review_no_ids": (ChatModelPolicy(NO_IDS, "any-model", "openai_chat"), {}),
         "review_approver": (ScriptedPolicy([[REPLY], "Done."]), {"approval": ["send_reply"]}),
+        "review_broken": (_broken_policy, {}),
     }
     for name, (policy, options) in agents.items():
         saga.agent(name, policy, tools=TOOLS, **options)
@@ -208,7 +214,7 @@ def test_the_lease_of_an_asker_that_died_runs_out_and_the_turn_is_asked_again(
     """Nobody renews a dead asker's lease: once it ran out, the next delivery asks."""
     monkeypatch.setattr(Saga, "lease_seconds", property(lambda self: 0.3))
     run_id = start(world, "review_credit_then_done")
-    assert world.store.ask_model(run_id, 1, 0.3, "a-delivery-that-died")
+    assert world.store.ask_model(run_id, 1, 0.3, "a-delivery-that-died") == "ok"
 
     assert run_turn(world, run_id, 1) == Again(2.0, model_attempt=False)
     time.sleep(0.4)
@@ -300,3 +306,56 @@ def test_a_failing_run_lists_no_pending_approvals(world: Saga) -> None:
         client.approve(run_id, "1:0", args_hash="0" * 64, by="ops")
     client.store.client.close()
     world.store.client.delete(*run_keys(run_id), agent_key(run_id))
+
+
+def test_a_turn_asked_too_often_waits_for_a_model_call_still_running(world: Saga) -> None:
+    """A delivery that reads the turn's model-call count at its limit while another
+    delivery's model call still runs waits for that answer; it does not end the run under
+    it (the limit is judged under the asking lease). Found by the hosted model check."""
+    GATE.asked, GATE.answer = 0, threading.Event()
+    run_id = start(world, "review_thinker")
+    first = threading.Thread(target=run_turn, args=(world, run_id, 1), daemon=True)
+    first.start()
+    wait_until(lambda: GATE.asked == 1, 10, "the model to be asked")
+    # Earlier deliveries died or were rate-limited asking: the count is at its limit.
+    most = world.agents.get("review_thinker").model_retry.attempts
+    most += world.settings.max_redeliveries
+    world.store.client.hset(agent_key(run_id), "1:asked", most)
+
+    second = run_turn(world, run_id, 1)
+    assert second == Again(2.0, model_attempt=False)
+    assert world.picture(run_id).state is RunState.RUNNING
+    GATE.answer.set()
+    first.join(10)
+
+    picture = world.picture(run_id)
+    assert picture.state is RunState.COMPLETED and picture.agent["ended"] == "final answer"
+
+
+def test_a_lost_reply_of_the_loops_abort_still_sends_the_unwind(
+    world: Saga, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop ends unwinding and the reply of its abort is lost (the script ran): the
+    turn's replay sends the unwind, not the reaper at the deadline. Found by the hosted
+    model check."""
+    from saga.errors import StoreUnavailableError
+
+    run_id = start(world, "review_broken")
+    real_abort = world.store.abort
+
+    def lost(*args: Any, **kwargs: Any) -> Any:
+        real_abort(*args, **kwargs)
+        raise StoreUnavailableError("saga store unreachable (abort): the reply was lost")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(world.store, "abort", lost)
+        with pytest.raises(StoreUnavailableError):
+            run_turn(world, run_id, 1)
+    assert world.picture(run_id).state is RunState.UNWINDING
+
+    assert run_turn(world, run_id, 1) is None  # the replay (play_turn, or a redelivery)
+    wait_until(
+        lambda: world.picture(run_id).state is RunState.COMPENSATED,
+        20,
+        "the unwind to be sent and concluded",
+    )

@@ -301,28 +301,35 @@ class Engine:
             broker_connection_max_retries=0,
         )
         self.app = app
-        settings_ = Settings(
-            redis_url=f"{redis_url}/0",
-            database_url=database_url,
-            retention_seconds=RETENTION_SECONDS,
-            run_deadline_seconds=RUN_DEADLINE,
-            store_outage_patience=OUTAGE_PATIENCE,
-            max_redeliveries=MAX_REDELIVERIES,
-        )
+        options: dict[str, Any] = {
+            "redis_url": f"{redis_url}/0",
+            "database_url": database_url,
+            "retention_seconds": RETENTION_SECONDS,
+            "run_deadline_seconds": RUN_DEADLINE,
+            "store_outage_patience": OUTAGE_PATIENCE,
+            "max_redeliveries": MAX_REDELIVERIES,
+        }
+        settings_ = Settings(**{**options, **self.settings_overrides()})
         self.saga = Saga(app, build_registry(world), settings_)
         app.send_task = self._send_task  # type: ignore[method-assign]
         store = self.saga.store
         self._real_call = store._call
         self._real_picture = store.picture
-        self._real_complete = store.complete
         store._call = self._call  # type: ignore[method-assign]
         store.picture = self._picture  # type: ignore[method-assign]
-        store.complete = self._complete  # type: ignore[method-assign]
+        if hasattr(store, "complete"):  # older code concludes through ``_call``
+            self._real_complete = store.complete
+            store.complete = self._complete  # type: ignore[method-assign]
         records = self.saga.records
         self._read_run = records.run
         self._read_escalations = records.escalations
         for name in ("record_outcome", "record_unreadable", "resolve_escalations"):
-            setattr(records, name, self._guarded(name, getattr(records, name)))
+            if hasattr(records, name):
+                setattr(records, name, self._guarded(name, getattr(records, name)))
+
+    def settings_overrides(self) -> dict[str, Any]:
+        """Settings a sibling check (``modelcheck_hosted``) changes for its own engine."""
+        return {}
 
     # -- interception ------------------------------------------------------------------------
 
@@ -810,8 +817,10 @@ class Message:
     def label(self) -> str:
         info = self.info
         run = info.run_id.split("-")[0]
-        if info.kind == "conclude":
-            return f"#{self.seq} conclude({run})"
+        if info.kind in ("conclude", "start_unwind"):
+            return f"#{self.seq} {info.kind}({run})"
+        if info.kind == "turn":
+            return f"#{self.seq} turn {info.step}({run})"
         what = "undo" if info.kind == "undo" else "step"
         return f"#{self.seq} {info.tool}({run} {what} {info.step})"
 
@@ -1054,6 +1063,12 @@ class Switchboard:
     def records_down(self, run_id: str) -> bool:
         return self.machine is not None and self.machine.hook_records_down(run_id)
 
+    def __getattr__(self, name: str) -> Any:
+        """A sibling check's own hooks (``hook_<name>``) go to its machine as they are."""
+        if not name.startswith("hook_") or self.machine is None:
+            raise AttributeError(name)
+        return getattr(self.machine, name)
+
 
 SWITCHBOARD = Switchboard()
 
@@ -1073,14 +1088,20 @@ class Resources:
 _RESOURCES: Resources | None = None
 
 
-def resources() -> Resources:
-    """The process's private redis-server (never the shared one) and the engine on it."""
+def resources(engine_class: type[Engine] | None = None) -> Resources:
+    """The process's private redis-server (never the shared one) and the engine on it
+    (``engine_class``: ``Engine`` or a sibling check's subclass of it)."""
     global _RESOURCES
+    engine_class = engine_class or Engine
+    if _RESOURCES is not None and type(_RESOURCES.engine) is not engine_class:
+        stop_resources()
     if _RESOURCES is None:
         directory = Path(tempfile.mkdtemp(prefix="saga-modelcheck-"))
         server = RedisServer("--appendonly", "no", directory=directory / "redis").start()
         try:
-            engine = Engine(server.url, f"sqlite:///{directory}/records.db", WORLD, SWITCHBOARD)
+            engine = engine_class(
+                server.url, f"sqlite:///{directory}/records.db", WORLD, SWITCHBOARD
+            )
         except BaseException:
             server.stop()
             raise
@@ -1101,9 +1122,9 @@ def stop_resources() -> None:
 
 
 @contextlib.contextmanager
-def running() -> Iterator[Resources]:
+def running(engine_class: type[Engine] | None = None) -> Iterator[Resources]:
     try:
-        yield resources()
+        yield resources(engine_class)
     finally:
         stop_resources()
 
@@ -1160,10 +1181,13 @@ def step(function: Callable[..., Any]) -> Callable[..., Any]:
 class ModelCheck(RuleBasedStateMachine):
     """The agent, the broker, the workers, the reaper, the operator and the faults."""
 
+    #: The adapter this machine drives (a sibling check subclasses both).
+    engine_class: type[Engine] = Engine
+
     def __init__(self) -> None:
         super().__init__()
         CAMPAIGN.example()
-        self.engine = resources().engine
+        self.engine = resources(self.engine_class).engine
         self.engine.reset()
         WORLD.reset()
         SWITCHBOARD.machine = self
@@ -1939,9 +1963,11 @@ class Program:
     """A program of rules, as Hypothesis prints a failing test case."""
 
     steps: list[tuple[str, dict[str, Any]]]
+    #: The state machine the program drives.
+    machine: type[ModelCheck] | None = None
 
     @classmethod
-    def parse(cls, lines: list[str]) -> Program:
+    def parse(cls, lines: list[str], machine: type[ModelCheck] | None = None) -> Program:
         steps = []
         for line in lines:
             match = _STEP_LINE.match(line.strip())
@@ -1949,7 +1975,7 @@ class Program:
                 # Our own printout: keyword arguments holding ints, bools and strings only.
                 arguments = eval(f"dict({match.group(2)})", {"__builtins__": {"dict": dict}})
                 steps.append((match.group(1), arguments))
-        return cls(steps)
+        return cls(steps, machine)
 
     def lines(self) -> list[str]:
         rendered = ["state = ModelCheck()"]
@@ -1964,11 +1990,12 @@ class Program:
         global NARRATION
         NARRATION = []
         transcript: list[str] = []
-        machine = ModelCheck()
+        kind = self.machine or ModelCheck
+        machine = kind()
         violation: Violation | None = None
         try:
             for line, (name, arguments) in zip(self.lines()[1:], self.steps, strict=True):
-                rule_ = getattr(getattr(ModelCheck, name), "hypothesis_stateful_rule", None)
+                rule_ = getattr(getattr(kind, name), "hypothesis_stateful_rule", None)
                 if not all(holds(machine) for holds in getattr(rule_, "preconditions", ())):
                     raise InvalidProgram(f"{name}: its precondition does not hold")
                 start = len(NARRATION)
@@ -1992,11 +2019,13 @@ class Program:
         return violation, ["state = ModelCheck()", *transcript]
 
 
-def minimize(error: Violation) -> tuple[Violation, list[str]] | None:
+def minimize(
+    error: Violation, machine: type[ModelCheck] | None = None
+) -> tuple[Violation, list[str]] | None:
     """Delete steps from Hypothesis's shrunk program while the same symptom still comes up
     with no fault the original did not have (Hypothesis's shrinker often leaves no-op steps
     in these programs). None if the printed program does not replay to the violation."""
-    program = Program.parse(getattr(error, "__notes__", []))
+    program = Program.parse(getattr(error, "__notes__", []), machine)
     if not program.steps:
         return None
     best, transcript = program.replay()
@@ -2006,7 +2035,7 @@ def minimize(error: Violation) -> tuple[Violation, list[str]] | None:
     while changed:
         changed = False
         for index in range(len(program.steps) - 1, 0, -1):  # keep the initialize step
-            shorter = Program(program.steps[:index] + program.steps[index + 1 :])
+            shorter = Program(program.steps[:index] + program.steps[index + 1 :], machine)
             found, lines = shorter.replay()
             if (
                 found is not None
@@ -2022,9 +2051,16 @@ def _stop_now(_signum: int, _frame: Any) -> None:
     os._exit(143)
 
 
-def run_once(examples: int, steps: int, seed: int, shrink: bool = True) -> BaseException | None:
+def run_once(
+    examples: int,
+    steps: int,
+    seed: int,
+    shrink: bool = True,
+    kind: type[ModelCheck] | None = None,
+) -> BaseException | None:
     """One Hypothesis run; the exception of its (shrunk) falsifying example, if any."""
-    machine = hypothesis.seed(seed)(type("ModelCheck", (ModelCheck,), {}))
+    kind = kind or ModelCheck
+    machine = hypothesis.seed(seed)(type(kind.__name__, (kind,), {}))
     phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
     test = get_state_machine_test(machine, settings=profile(examples, steps, phases=phases))
     try:
@@ -2039,7 +2075,9 @@ def run_once(examples: int, steps: int, seed: int, shrink: bool = True) -> BaseE
 _LAST_LINE = re.compile(r"^modelcheck: (\d+) examples, (\d+) violations$", re.M)
 
 
-def run_jobs(args: argparse.Namespace, argv: list[str]) -> int:
+def run_jobs(
+    args: argparse.Namespace, argv: list[str], module: str = "tests.reliability.modelcheck"
+) -> int:
     """``--jobs N``: N copies of this check, each with ``--seed S*100+j`` and its share of the
     examples, side by side (one per core: each is single-threaded where it counts). Their
     reports are printed one after another; the last line sums them."""
@@ -2070,7 +2108,7 @@ def run_jobs(args: argparse.Namespace, argv: list[str]) -> int:
     with contextlib.ExitStack() as files:
         for job in range(args.jobs):
             seed = args.seed * 100 + job
-            command = [sys.executable, "-m", "tests.reliability.modelcheck", *passed]
+            command = [sys.executable, "-m", module, *passed]
             command += ["--seed", str(seed), "--examples", str(share)]
             output = files.enter_context(tempfile.TemporaryFile("w+"))
             children.append((seed, subprocess.Popen(command, stdout=output, text=True), output))
@@ -2092,8 +2130,15 @@ def run_jobs(args: argparse.Namespace, argv: list[str]) -> int:
     return 1 if violations or status else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(
+    argv: list[str] | None = None,
+    machine: type[ModelCheck] | None = None,
+    module: str = "tests.reliability.modelcheck",
+    description: str | None = None,
+) -> int:
+    """The CLI of this check, or of a sibling (``machine``, run as ``python -m module``)."""
+    machine = machine or ModelCheck
+    parser = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=500, help="examples to generate in all")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=30, help="rules per example at most")
@@ -2120,7 +2165,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.jobs > 1:
-        return run_jobs(args, list(sys.argv[1:] if argv is None else argv))
+        return run_jobs(args, list(sys.argv[1:] if argv is None else argv), module)
     for target in args.only:
         symptom, _, faults = target.partition("+")
         CAMPAIGN.targets.append((symptom, frozenset(f for f in faults.split(",") if f)))
@@ -2135,14 +2180,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop_now)
     found: list[tuple[Sighting, Violation, int]] = []
     other = 0
-    with quiet_logs(), running():
+    with quiet_logs(), running(machine.engine_class):
         for round_number in range(args.rounds):
             remaining = args.examples - CAMPAIGN.generated
             if remaining <= 0:
                 break
             seed = args.seed * 1000 + round_number
             CAMPAIGN.start_round()
-            error = run_once(remaining, args.steps, seed, shrink=not args.no_shrink)
+            error = run_once(remaining, args.steps, seed, not args.no_shrink, machine)
             CAMPAIGN.end_round()
             if error is None:
                 break
@@ -2155,7 +2200,7 @@ def main(argv: list[str] | None = None) -> int:
             # on, which Hypothesis then shrank into this violation (it may have shown another
             # symptom first: shrinking slips to the simplest failure).
             first = CAMPAIGN.first_in_round
-            minimal = minimize(error)
+            minimal = minimize(error, machine)
             transcript = getattr(error, "__notes__", [])
             if minimal is not None:
                 error, transcript = minimal[0], ["Minimal program (replayed):", *minimal[1]]
