@@ -1103,7 +1103,10 @@ def resources(engine_class: type[Engine] | None = None) -> Resources:
                 server.url, f"sqlite:///{directory}/records.db", WORLD, SWITCHBOARD
             )
         except BaseException:
+            import shutil
+
             server.stop()
+            shutil.rmtree(directory, ignore_errors=True)
             raise
         _RESOURCES = Resources(server, directory, engine)
         atexit.register(stop_resources)
