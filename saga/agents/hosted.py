@@ -432,7 +432,7 @@ class HostedLoop(RunListener):
         expired, waiting = approvals.expire_waiting(self.saga.store, run_id, state)
         if expired:
             logger.info("run %s: %d approval(s) expired; the turn goes on", run_id, expired)
-            send_turn(self.saga.app, run_id, state.current_turn)
+            self._send_again(run_id, state.current_turn)
             return True
         if waiting:
             return True  # a person has until the request expires; the reaper looks again
@@ -440,8 +440,17 @@ class HostedLoop(RunListener):
             return False
         turn = state.current_turn
         logger.warning("run %s: idle at turn %d; sending it again", run_id, turn)
-        send_turn(self.saga.app, run_id, turn)  # it resumes, then moves the run on itself
+        self._send_again(run_id, turn)  # it resumes, then moves the run on itself
         return True
+
+    def _send_again(self, run_id: str, turn: int) -> None:
+        """Send the turn again for the reaper. A broker that refuses it is no reason to abandon
+        the run (its unwind would need the same broker): the run stays the loop's, and the
+        reaper's next look, a deadline later, sends it again (a revival spent each time)."""
+        try:
+            send_turn(self.saga.app, run_id, turn)
+        except Exception as exc:
+            logger.error("run %s: the broker did not take turn %d (%r); later", run_id, turn, exc)
 
 
 def turn_task_options(saga: Saga) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import pytest
 
 from saga import Saga
 from saga.agents import ChatModelPolicy, ModelTurn, ScriptedPolicy, ToolCall, launch
+from saga.agents import hosted as hosted_module
 from saga.agents.hosted import Again, run_turn
 from saga.agents.turn_state import LoopState, TurnStore, document
 from saga.client import Client
@@ -206,6 +207,31 @@ def test_an_answer_that_comes_after_the_run_ended_is_not_kept(world: Saga) -> No
     assert record is not None and record.transcript.get("turns", []) == []
     assert record.model_calls == state.model_calls
     assert world.picture(run_id).state is RunState.COMPENSATED
+
+
+def test_a_revival_the_broker_refuses_does_not_abandon_the_run(
+    world: Saga, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reaper finds a hosted run idle and sends its turn again, but the broker refuses
+    the message: the run is not aborted as abandoned (its unwind would need that broker too);
+    the next pass sends the turn, and the run goes on."""
+    from kombu.exceptions import OperationalError
+
+    run_id = start(world, "review_credit_then_done", deadline=5)
+    sent: list[int] = []
+
+    def refused(app: Any, run: str, turn: int, *args: Any, **kwargs: Any) -> None:
+        raise OperationalError("Error 111 connecting to the broker")
+
+    monkeypatch.setattr(hosted_module, "send_turn", refused)
+    report = world.reap(now=world.store.now() + 6)
+    assert run_id in report.resumed and run_id not in report.abandoned
+    assert world.picture(run_id).state is RunState.RUNNING
+
+    monkeypatch.setattr(hosted_module, "send_turn", lambda app, run, turn: sent.append(turn))
+    report = world.reap(now=world.store.now() + 12)
+    assert run_id in report.resumed and sent == [1]
+    assert world.picture(run_id).state is RunState.RUNNING
 
 
 def test_the_lease_of_an_asker_that_died_runs_out_and_the_turn_is_asked_again(
