@@ -20,7 +20,7 @@ from saga.agents.launch import enqueue_run as _enqueue_run
 from saga.agents.launch import published_agent, send_turn
 from saga.agents.turn_state import LoopState, document
 from saga.constants import START_UNWIND_TASK, TURN_QUEUE
-from saga.errors import ApprovalError, RunEndedError, UnknownRunError
+from saga.errors import ApprovalError, MessageNotSentError, RunEndedError, UnknownRunError
 from saga.listing import RunFilter, page_of_runs
 from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
@@ -190,7 +190,13 @@ class Client:
                 "expired": "the request expired with the run's deadline",
             }.get(outcome.status, outcome.status)
             raise ApprovalError(f"run {run_id}, call {marker}: {why}")
-        send_turn(self.app, run_id, int(marker.split(":")[0]))  # the turn goes on
+        try:
+            send_turn(self.app, run_id, int(marker.split(":")[0]))  # the turn goes on
+        except Exception as exc:
+            raise MessageNotSentError(
+                f"run {run_id}, call {marker}: {verdict}, but the broker did not take the turn "
+                f"that acts on it ({exc}); the reaper sends it at the run's deadline"
+            ) from exc
 
     def abort_run(self, run_id: str, reason: str = "aborted by the user") -> None:
         """Stop the run now: no more turns; the workers unwind what it did (or escalate past
@@ -202,9 +208,16 @@ class Client:
         if outcome.status == "ended":
             raise RunEndedError(run_id, str(outcome.values[0]))
         if outcome.owns_unwind:
-            self.app.send_task(
-                START_UNWIND_TASK, kwargs={"run_id": run_id, "owner": "abort"}, queue=TURN_QUEUE
-            )
+            try:
+                self.app.send_task(
+                    START_UNWIND_TASK, kwargs={"run_id": run_id, "owner": "abort"}, queue=TURN_QUEUE
+                )
+            except Exception as exc:
+                raise MessageNotSentError(
+                    f"run {run_id} is aborted, but the broker did not take its unwind ({exc}): "
+                    "abort_run again with the same reason sends it (the reaper does at its "
+                    "deadline)"
+                ) from exc
 
 
 def status_of(picture: RunPicture) -> RunStatus:

@@ -120,6 +120,14 @@ class DispatchError(SagaError):
     retryable = True
 
 
+class MessageNotSentError(SagaError):
+    """What the call decided is recorded, but the broker did not take the message that acts on
+    it (a hosted run's turn, an unwind). Nothing is lost: the reaper sends it at the run's
+    deadline, and the message says whether the same call again sends it sooner."""
+
+    retryable = True
+
+
 class RunContendedError(SagaError):
     """The run kept changing under a dispatch (other calls settling at once); call it again."""
 

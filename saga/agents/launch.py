@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from saga import metrics
 from saga.constants import AGENT_TURN_TASK, AGENTS_KEY, TURN_QUEUE, agent_key, turn_task_id
-from saga.errors import PayloadError, RunExistsError, UnknownAgentError
+from saga.errors import MessageNotSentError, PayloadError, RunExistsError, UnknownAgentError
 from saga.stack import RunStore
 from saga.validation import check_agent_name, check_deadline, check_run_id, check_text
 
@@ -60,7 +60,13 @@ def enqueue_run(
         started = store.client.hexists(agent_key(run_id), "1:answer")
         if started or head is None or head.state.value != "running":
             return run_id
-    send_turn(app, run_id, 1)
+    try:
+        send_turn(app, run_id, 1)
+    except Exception as exc:
+        raise MessageNotSentError(
+            f"run {run_id} is created, but the broker did not take its first turn ({exc}): "
+            "enqueue_run again with the same run id sends it (the reaper does at its deadline)"
+        ) from exc
     return run_id
 
 

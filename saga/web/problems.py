@@ -24,6 +24,7 @@ from saga.errors import (
     InvalidCorrectionError,
     InvalidCursorError,
     InvalidRunIdError,
+    MessageNotSentError,
     NoAppError,
     OperationRefusedError,
     PayloadError,
@@ -66,6 +67,7 @@ _STATUS: list[tuple[type[BaseException], int, str | None]] = [
     (OperationRefusedError, 409, None),
     (NoAppError, 503, None),
     (DispatchError, 503, None),
+    (MessageNotSentError, 503, None),
     (StoreUnavailableError, 503, None),
 ]
 

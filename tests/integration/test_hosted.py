@@ -18,6 +18,7 @@ from saga.constants import AGENTS_KEY, agent_key, turn_lease_key
 from saga.errors import (
     ApprovalError,
     InvalidRunOptionError,
+    MessageNotSentError,
     RunEndedError,
     SagaError,
     UnknownAgentError,
@@ -235,6 +236,28 @@ def test_a_run_enqueued_before_any_worker_published_gets_its_agents_deadline_at_
     assert client.settings.run_deadline_seconds != 7
     assert (client.store.head(run_id) or pytest.fail()).deadline == 7
     assert client.store.client.hget(agent_key(run_id), "deadline_open") is None
+
+
+def test_a_turn_the_broker_refuses_is_a_clear_error_and_the_same_call_again_sends_it(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run is created, then the broker refuses its first turn: the web app gets a
+    MessageNotSentError saying so (not kombu's own error), and enqueue_run again with the
+    same id sends the turn; the run completes once."""
+    from kombu.exceptions import OperationalError
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("Error 111 connecting to the broker")
+
+    run_id = f"refused-{uuid.uuid4().hex[:8]}"
+    with monkeypatch.context() as patched:
+        patched.setattr(client.app, "send_task", refused)
+        with pytest.raises(MessageNotSentError, match="enqueue_run again with the same run id"):
+            client.enqueue_run("refund", "Order 4921 arrived late: refund it.", run_id=run_id)
+    assert client.get_run(run_id).state == "running"
+
+    assert client.enqueue_run("refund", "Order 4921 arrived late: refund it.", run_id=run_id)
+    assert ended(client, run_id).state == "completed"
 
 
 @pytest.mark.parametrize("deadline", [0, False, -1, float("nan"), float("inf"), "60"])
