@@ -1348,21 +1348,29 @@ class ModelCheck(RuleBasedStateMachine):
             return None
         if info.kind not in ("step", "undo"):
             return None
-        self.delivery_seq += 1
         task = FakeTask(self.engine.app, message, self.requeue_copy)
+        return self.run_delivery(message, task, "delivery", "blocked in the tool")
+
+    def run_delivery(
+        self, message: Message, task: Any, thread: str, blocked: str
+    ) -> Delivery | None:
+        """Run ``message``'s delivery in a thread of its own until it blocks (``blocked``
+        says where) or finishes; the delivery, or None once it is done."""
+        self.delivery_seq += 1
         delivery = Delivery(self.delivery_seq, message, task)
-        thread = threading.Thread(
-            target=self._work, args=(delivery,), name=f"delivery-{delivery.number}", daemon=True
+        worker = threading.Thread(
+            target=self._work, args=(delivery,), name=f"{thread}-{delivery.number}", daemon=True
         )
-        delivery.thread = thread
-        thread.start()
+        delivery.thread = worker
+        worker.start()
         if not delivery.wait():
-            self.violation("hang", info.run_id, f"{message.label()} never blocked nor finished")
+            label = message.label()
+            self.violation("hang", message.info.run_id, f"{label} never blocked nor finished")
         if delivery.phase == "done":
             self.finish(delivery)
             return None
         self.deliveries.append(delivery)
-        self.say(f"{message.label()} delivered: blocked in the tool (d{delivery.number})")
+        self.say(f"{message.label()} delivered: {blocked} (d{delivery.number})")
         return delivery
 
     def _work(self, delivery: Delivery) -> None:

@@ -49,7 +49,6 @@ import dataclasses
 import inspect
 import json
 import sys
-import threading
 import uuid
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -546,22 +545,8 @@ class HostedCheck(ModelCheck):
             return None
         if info.kind != "turn":
             return super().start(message)
-        self.delivery_seq += 1
         task = TurnTask(self.engine.app, message, self)
-        delivery = Delivery(self.delivery_seq, message, task)
-        thread = threading.Thread(
-            target=self._work, args=(delivery,), name=f"turn-{delivery.number}", daemon=True
-        )
-        delivery.thread = thread
-        thread.start()
-        if not delivery.wait():
-            self.violation("hang", info.run_id, f"{message.label()} never blocked nor finished")
-        if delivery.phase == "done":
-            self.finish(delivery)
-            return None
-        self.deliveries.append(delivery)
-        self.say(f"{message.label()} delivered: the model is asked (d{delivery.number})")
-        return delivery
+        return self.run_delivery(message, task, "turn", "the model is asked")
 
     def finish(self, delivery: Delivery, ack_lost: bool = False) -> None:
         message = delivery.message
