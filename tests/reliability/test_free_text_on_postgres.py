@@ -19,8 +19,8 @@ from saga.agents import launch
 from saga.client import Client
 from saga.validation import NAME_MAX_LENGTH, TEXT_MAX_LENGTH
 from tasks import systems
+from tests.conftest import postgres_schema
 from tests.integration.helpers import demo_steps, wait_until
-from tests.integration.test_cli import _drop_schema, _postgres_schema
 from tests.reliability.conftest import Private
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.postgres]
@@ -41,12 +41,11 @@ def longest(length: int) -> str:
 
 @pytest.fixture
 def env(private: Callable[..., Private]) -> Iterator[Private]:
-    schema, url = _postgres_schema()
-    made = private(extra_env={"SAGA_DATABASE_URL": url})
-    made.worker(concurrency=2)
-    yield made
-    made.saga.records.dispose()
-    _drop_schema(schema)
+    with postgres_schema("free_text") as (_, url):
+        made = private(extra_env={"SAGA_DATABASE_URL": url})
+        made.worker(concurrency=2)
+        yield made
+        made.saga.records.dispose()
 
 
 @pytest.fixture
