@@ -66,6 +66,8 @@ def died(worker: WorkerProcess, timeout: float = 20.0) -> None:
 def completed(client: Client, run_id: str, timeout: float) -> RunStatus:
     def done() -> RunStatus | None:
         status = client.get_run(run_id)
+        if status.state in ("compensated", "escalated", "failed_to_start"):  # fail now, and why
+            raise AssertionError(f"run {run_id} ended {status.state}: {status.reason}")
         return status if status.state == "completed" else None
 
     found: RunStatus = wait_until(done, timeout, f"run {run_id} to complete")
