@@ -1666,17 +1666,20 @@ class ModelCheck(RuleBasedStateMachine):
             self.touch(delivery.message.info.run_id, "time-limit-kill")
             self.order(delivery, Command.CRASH_BEFORE)
 
-    def reap_at(self, offset: float, touch: bool) -> None:
+    def reap_at(self, offset: float, touch: bool) -> dict[str, list[str]] | None:
+        """One reaper pass ``offset`` seconds ahead: what it did to each run (None if it
+        raised, which is reported)."""
         try:
             done = self.engine.reap(time.time() + offset)
         except Exception as exc:
             self.unexpected("reap", "", exc)
-            return
+            return None
         for run_id, labels in done.items():
             self.say(f"reaper: {run_id.split('-')[0]} {', '.join(labels)}")
             if touch:
                 for label in labels:
                     self.touch(run_id, label)
+        return done
 
     @precondition(lambda self: self.reaper is None)
     @rule(run=RUN, clock=st.sampled_from(list(CLOCKS)))

@@ -793,7 +793,7 @@ class HostedCheck(ModelCheck):
         self.script_to_lose = ""
         super().quiesce_and_check()
 
-    def reap_at(self, offset: float, touch: bool) -> None:
+    def reap_at(self, offset: float, touch: bool) -> dict[str, list[str]] | None:
         """A reaper pass ``offset`` ahead (the passes at the end of an example too): that
         much time passed for the leases and the approval requests; an abandoned run is
         judged. At the end of an example the clock only moves forward, a deadline and more
@@ -802,17 +802,10 @@ class HostedCheck(ModelCheck):
             offset = max(offset, self.clock + mc.RUN_DEADLINE + 1)
             self.clock = offset
         self.time_moves(offset)
-        try:
-            done = self.engine.reap(mc.time.time() + offset)
-        except Exception as exc:
-            self.unexpected("reap", "", exc)
-            return
-        for run_id, labels in done.items():
-            self.say(f"reaper: {run_id.split('-')[0]} {', '.join(labels)}")
-            if touch:
-                for label in labels:
-                    self.touch(run_id, label)
-        self.judge_abandoned(done)
+        done = super().reap_at(offset, touch)
+        if done is not None:
+            self.judge_abandoned(done)
+        return done
 
     def reaper_done(self, reaper: Any) -> None:
         super().reaper_done(reaper)

@@ -9,6 +9,7 @@ Celery worker. Any violation fails the test with Hypothesis's shrunk program of 
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
 import pytest
 
@@ -20,17 +21,28 @@ EXAMPLES = 150
 STEPS = 35
 
 
-@pytest.mark.timeout(300)
-def test_model_check_finds_no_violation() -> None:
+def redis_server_installed() -> None:
     if shutil.which("redis-server") is None:
         service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
+
+
+def check(machine: Any, engine: Any, examples: int, steps: int) -> None:
+    """Run the state machine ``machine`` on ``engine``'s private Redis, derandomized."""
     from hypothesis.stateful import run_state_machine_as_test
 
     from tests.reliability import modelcheck
 
-    settings = modelcheck.profile(EXAMPLES, STEPS, derandomize=True)
-    with modelcheck.quiet_logs(), modelcheck.running():
-        run_state_machine_as_test(modelcheck.ModelCheck, settings=settings)
+    settings = modelcheck.profile(examples, steps, derandomize=True)
+    with modelcheck.quiet_logs(), modelcheck.running(engine):
+        run_state_machine_as_test(machine, settings=settings)
+
+
+@pytest.mark.timeout(300)
+def test_model_check_finds_no_violation() -> None:
+    redis_server_installed()
+    from tests.reliability import modelcheck
+
+    check(modelcheck.ModelCheck, None, EXAMPLES, STEPS)
 
 
 #: The hosted loop's check: 120 examples of at most 30 rules, about 20 s on two cores.
@@ -40,15 +52,12 @@ HOSTED_STEPS = 30
 
 @pytest.mark.timeout(300)
 def test_hosted_model_check_finds_no_violation() -> None:
-    if shutil.which("redis-server") is None:
-        service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
-    from hypothesis.stateful import run_state_machine_as_test
+    redis_server_installed()
+    from tests.reliability import modelcheck_hosted
 
-    from tests.reliability import modelcheck, modelcheck_hosted
-
-    settings = modelcheck.profile(HOSTED_EXAMPLES, HOSTED_STEPS, derandomize=True)
-    with modelcheck.quiet_logs(), modelcheck.running(modelcheck_hosted.HostedEngine):
-        run_state_machine_as_test(modelcheck_hosted.HostedCheck, settings=settings)
+    check(
+        modelcheck_hosted.HostedCheck, modelcheck_hosted.HostedEngine, HOSTED_EXAMPLES, HOSTED_STEPS
+    )
 
 
 #: The shrunk programs with which the hosted check finds issue 15's defects 1, 3 and 7 on the
@@ -74,8 +83,7 @@ OLD_DEFECTS: dict[str, list[tuple[str, dict[str, object]]]] = {
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("defect", list(OLD_DEFECTS))
 def test_hosted_model_check_replays_the_old_defects_without_a_violation(defect: str) -> None:
-    if shutil.which("redis-server") is None:
-        service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
+    redis_server_installed()
     from tests.reliability import modelcheck, modelcheck_hosted
 
     program = modelcheck.Program(OLD_DEFECTS[defect], modelcheck_hosted.HostedCheck)
