@@ -21,9 +21,17 @@ CREATED_RUNS_KEY = f"{KEY_PREFIX}:created"
 #: When the beat-scheduled reaper last finished a pass (Redis clock): ``saga doctor`` reads it
 #: to tell that beat and a worker are alive.
 REAPER_PASS_KEY = f"{KEY_PREFIX}:reaper:last-pass"
-#: A console login session (``<prefix><session id>``: the token's id and the CSRF token),
-#: expiring with the session.
+#: A console login session (``<prefix><SHA-256 of the cookie>``: the token's id and when it
+#: was opened), expiring with the session. Neither the cookie nor the CSRF token is stored.
 WEB_SESSION_PREFIX = f"{KEY_PREFIX}:web:session:"
+#: Sorted set of one token's console sessions (``<prefix><token id>``: session digests scored
+#: by when they were opened), so the oldest is ended beyond the cap.
+WEB_TOKEN_SESSIONS_PREFIX = f"{KEY_PREFIX}:web:sessions-of:"
+#: Sorted set of one session's open live streams (``<prefix><session digest>``: stream ids
+#: scored by when each last checked in), so a session holds only a few.
+WEB_SESSION_STREAMS_PREFIX = f"{KEY_PREFIX}:web:streams-of:"
+#: The key that signs the login form's CSRF value, made once by whichever server first needs it.
+WEB_LOGIN_KEY = f"{KEY_PREFIX}:web:login-key"
 #: Fault-injection rules and their counters (saga.testing), read only when explicitly enabled.
 FAULTS_KEY = f"{KEY_PREFIX}:{{testing}}:faults"
 FAULT_COUNTS_KEY = f"{KEY_PREFIX}:{{testing}}:fault-counts"

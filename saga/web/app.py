@@ -72,7 +72,53 @@ def create_app(
     app.add_exception_handler(HTTPException, pages.or_page(problems.on_http_error))
     app.add_exception_handler(SagaError, pages.or_page(problems.on_saga_error))
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(SecurityHeaders)
     return app
+
+
+#: The console's own files only: no inline script or style, no frames, forms to itself.
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; "
+    "object-src 'none'"
+)
+_EVERY_RESPONSE = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+]
+_NOT_STORED = [(b"cache-control", b"no-store")]
+
+
+class SecurityHeaders:
+    """Headers on every answer: no sniffing, no framing, no referrer (run ids in URLs stay
+    here); and on the console's pages and the API's answers ``Cache-Control: no-store``
+    (after logging out, the back button shows no run) and on the console a
+    ``Content-Security-Policy``. A header a route set itself is kept."""
+
+    def __init__(self, app: ASGI) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"][len(scope.get("root_path", "")) :]
+        extra = list(_EVERY_RESPONSE)
+        if not path.startswith("/console/static/"):
+            extra += _NOT_STORED
+        if path.startswith("/console"):
+            extra.append((b"content-security-policy", _CSP.encode()))
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers += [(k, v) for k, v in extra if k not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 class BodyLimit:

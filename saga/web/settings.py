@@ -49,6 +49,10 @@ class WebSettings:
     #: Send the console's cookies with ``Secure`` (off only behind no TLS at all; browsers
     #: treat http://localhost and 127.0.0.1 as secure, so tests keep it on).
     secure_cookies: bool = True
+    #: Console sessions one token may hold at once; a login beyond it ends the oldest.
+    sessions_per_token: int = 10
+    #: Live run streams one console session may hold open at once (429 beyond it).
+    streams_per_session: int = 4
 
     @classmethod
     def from_env(cls) -> Self:
@@ -64,4 +68,8 @@ class WebSettings:
             max_body_bytes=_int("SAGA_API_MAX_BODY_BYTES", cls.max_body_bytes, 1024, 64 << 20),
             session_seconds=_int("SAGA_API_SESSION_SECONDS", cls.session_seconds, 60, 30 * 86400),
             secure_cookies=_flag("SAGA_API_SECURE_COOKIES", cls.secure_cookies),
+            sessions_per_token=_int("SAGA_API_SESSIONS_PER_TOKEN", cls.sessions_per_token, 1, 1000),
+            streams_per_session=_int(
+                "SAGA_API_STREAMS_PER_SESSION", cls.streams_per_session, 1, 100
+            ),
         )

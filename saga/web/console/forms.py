@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
-from starlette.datastructures import FormData
+from starlette.datastructures import URL, FormData
 
 from saga.web import actions
 from saga.web.api.common import ApprovalId, EscalationId, RunId
@@ -22,6 +22,9 @@ from saga.web.auth import (
     context,
     csrf_matches,
     find_session,
+    from_own_origin,
+    log_refusal,
+    login_value_ok,
     open_session,
 )
 from saga.web.console import render
@@ -30,6 +33,9 @@ from saga.web.console.pages import viewer
 router = APIRouter(prefix="/console", include_in_schema=False)
 
 _TEXT_LIMIT = 2000
+_OTHER_ORIGIN = "the form was posted from another origin (Sec-Fetch-Site)"
+#: Hosts browsers keep ``Secure`` cookies for over plain http.
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
 
 
 async def acting(request: Request) -> tuple[Session, FormData]:
@@ -37,6 +43,8 @@ async def acting(request: Request) -> tuple[Session, FormData]:
     matching, and a scope that may act."""
     session = viewer(request)
     form = await request.form()
+    if not from_own_origin(request):
+        raise HTTPException(403, _OTHER_ORIGIN + ": nothing was done")
     if not csrf_matches(session.csrf, _text(form, "csrf", required=False)):
         raise HTTPException(403, "the form's CSRF token is missing or wrong: nothing was done")
     if not session.may_operate:
@@ -56,18 +64,45 @@ def _text(form: FormData, field: str, *, required: bool = True, limit: int = _TE
 
 @router.post("/login")
 async def login(request: Request) -> Response:
+    """Open a session for a token. The login cookie must be a value this server minted and
+    the form must repeat it, posted from this origin: so neither a page on another port of
+    this host (which can plant cookies here) nor another site can log the browser in as
+    someone else."""
     form = await request.form()
+    ctx = context(request)
     expected = request.cookies.get(LOGIN_COOKIE, "")
-    if not expected or not csrf_matches(expected, _text(form, "csrf", required=False)):
-        raise HTTPException(403, "the login form's CSRF token is missing or wrong")
-    opened = open_session(context(request), _text(form, "token", required=False, limit=200))
+    if not expected:
+        raise HTTPException(403, _no_login_cookie(request))
+    if not from_own_origin(request):
+        raise HTTPException(403, _OTHER_ORIGIN)
+    given = _text(form, "csrf", required=False)
+    if not (login_value_ok(ctx, expected) and csrf_matches(expected, given)):
+        raise HTTPException(403, "the login form's CSRF token is missing or wrong: reload it")
+    back = render.return_path(_text(form, "next", required=False, limit=1000))
+    opened = open_session(ctx, _text(form, "token", required=False, limit=200))
     if opened is None:
-        response: Response = render.go(request, "/console/login?error=unknown+or+revoked+token")
-        return response
-    session_id, _ = opened
-    response = render.go(request, "/console/runs")
-    render.set_session_cookie(request, response, session_id)
+        log_refusal(request, "a console login with an unknown or revoked token")
+        again = URL("/console/login").include_query_params(error="token")
+        return render.go(request, str(again.include_query_params(next=back) if back else again))
+    secret, _ = opened
+    response = render.go(request, back or "/console/runs")
+    render.set_session_cookie(request, response, secret)
     return response
+
+
+def _no_login_cookie(request: Request) -> str:
+    """Why the login cookie did not come back, pointing at the setting when it is the usual
+    cause: ``Secure`` cookies (the default) on a page served over plain http."""
+    host = (request.url.hostname or "").lower()
+    plain = request.url.scheme == "http" and host not in _LOCAL_HOSTS
+    if plain and context(request).settings.secure_cookies:
+        return (
+            "the browser did not send the login cookie back: the console's cookies are "
+            f"Secure (SAGA_API_SECURE_COOKIES=1) and this page is plain http://{host}. "
+            "Serve the console over HTTPS, or set SAGA_API_SECURE_COOKIES=0 (a trusted "
+            "network only)"
+        )
+    return "the login form's cookie is missing (are cookies on?): reload the login form"
 
 
 @router.post("/logout")
@@ -75,9 +110,11 @@ async def logout(request: Request) -> Response:
     session = find_session(context(request), request)
     form = await request.form()
     if session is not None:
+        if not from_own_origin(request):
+            raise HTTPException(403, _OTHER_ORIGIN)
         if not csrf_matches(session.csrf, _text(form, "csrf", required=False)):
             raise HTTPException(403, "the form's CSRF token is missing or wrong")
-        close_session(context(request), session.session_id)
+        close_session(context(request), session)
     response = render.go(request, "/console/login")
     render.clear_cookies(request, response)
     return response
@@ -125,10 +162,11 @@ async def requeue_preview(request: Request, escalation_id: EscalationId) -> HTML
     for key, raw in form.multi_items():
         if not key.startswith("fix.") or not isinstance(raw, str):
             continue
-        _, step_text, arg = key.split(".", 2)
-        step = int(step_text) if step_text.isdigit() else -1
+        step_text, _, arg = key.removeprefix("fix.").partition(".")
+        # isdecimal, ASCII: str.isdigit also takes "²", which int() refuses.
+        step = int(step_text) if step_text.isascii() and step_text.isdecimal() else -1
         if step not in originals or arg not in originals[step]:
-            raise HTTPException(422, f"{key}: no such argument of a failed undo")
+            raise HTTPException(422, f"{key[:100]}: no such argument of a failed undo")
         before, after = originals[step][arg], _value(raw)
         if after != before:
             corrections.setdefault(str(step), {})[arg] = after

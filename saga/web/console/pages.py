@@ -5,13 +5,13 @@ rendered, usable without JavaScript; the run page updates itself while the run i
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.datastructures import URL
 
 from saga.errors import UnknownEscalationError, UnknownRunError
 from saga.listing import RunFilter, page_of_runs
@@ -19,7 +19,7 @@ from saga.model import RunState
 from saga.queries import escalation_rows, hosted_doc
 from saga.web import actions, problems
 from saga.web.api.common import EscalationId, RunId
-from saga.web.auth import LOGIN_COOKIE, Session, context, find_session
+from saga.web.auth import Session, context, find_session, mint_login_value
 from saga.web.console import render
 
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -27,8 +27,16 @@ router = APIRouter(prefix="/console", include_in_schema=False)
 Handler = Callable[[Request, Exception], Awaitable[Response]]
 
 
+#: What the login page may say, by the code in its ``?error=``: never text from the link.
+LOGIN_ERRORS = {
+    "token": "That token is unknown or revoked.",
+    "expired": "Your session ended (logged out, expired or its token revoked): log in again.",
+}
+
+
 def viewer(request: Request) -> Session:
-    """The logged-in session; a page without one sends the browser to the login form."""
+    """The logged-in session; a page without one sends the browser to the login form, which
+    brings it back here after logging in (``next``)."""
     session = find_session(context(request), request)
     if session is None:
         raise HTTPException(303, "log in", headers={"Location": _login(request)})
@@ -36,7 +44,14 @@ def viewer(request: Request) -> Session:
 
 
 def _login(request: Request) -> str:
-    return render.base(request) + "/console/login"
+    login = render.base(request) + "/console/login"
+    if request.method != "GET":
+        return login
+    here = request.url.path[len(render.base(request)) :]
+    if request.url.query:
+        here += "?" + request.url.query
+    back = render.return_path(here)
+    return str(URL(login).include_query_params(next=back)) if back else login
 
 
 @router.get("")
@@ -46,10 +61,18 @@ def home(request: Request) -> Response:
 
 
 @router.get("/login")
-def login_form(request: Request, error: str = "") -> HTMLResponse:
-    """The login form. Its CSRF token is a random value also set as a login-only cookie."""
-    value = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
-    response = render.page(request, "login.html", None, login_csrf=value, error=error[:200])
+def login_form(request: Request, error: str = "", next: str = "") -> HTMLResponse:
+    """The login form. Its CSRF value is minted and signed here, each time (never taken from
+    an incoming cookie), and also set as a login-only cookie."""
+    value = mint_login_value(context(request))
+    response = render.page(
+        request,
+        "login.html",
+        None,
+        login_csrf=value,
+        error=LOGIN_ERRORS.get(error, "Log in again." if error else ""),
+        next=render.return_path(next),
+    )
     render.set_login_cookie(request, response, value)
     return response
 
@@ -93,6 +116,17 @@ def runs(
         states=[s.value for s in RunState],
         query=query,
     )
+
+
+def _yes(value: str | None, field: str) -> bool:
+    """A checkbox or flag in a query string: absent, ``0``/``false``/``no``/``off``, or
+    ``1``/``true``/``yes``/``on`` (what a checked box sends)."""
+    text = (value or "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise HTTPException(422, f"{field}: {value!r} is not yes or no (1/0, true/false, on/off)")
 
 
 def _many(value: Any) -> list[str]:
@@ -147,9 +181,10 @@ def escalations(
     since: Annotated[str | None, Query(max_length=40)] = None,
 ) -> HTMLResponse:
     session = viewer(request)
+    everything = _yes(all, "all")
     rows = escalation_rows(
         context(request).records,
-        open_only=not all,
+        open_only=not everything,
         run_id=run_id or None,
         since=_moment(since, "since"),
     )
@@ -158,7 +193,7 @@ def escalations(
         "escalations.html",
         session,
         rows=rows[:200],
-        everything=bool(all),
+        everything=everything,
         run_id=run_id or "",
         since=since or "",
     )
@@ -197,7 +232,8 @@ def or_page(handler: Handler) -> Handler:
         if not path.startswith("/console"):
             return await handler(request, exc)
         if isinstance(exc, HTTPException) and exc.status_code == 303:
-            return render.go(request, "/console/login")
+            location = (exc.headers or {}).get("Location", render.base(request) + "/console/login")
+            return RedirectResponse(location, status_code=303)
         answer = await handler(request, exc)
         assert isinstance(answer, JSONResponse)
         status = answer.status_code
@@ -205,6 +241,8 @@ def or_page(handler: Handler) -> Handler:
             status = 404
         message = problems.message_of(exc) if not isinstance(exc, HTTPException) else exc.detail
         session = find_session(context(request), request) if status != 503 else None
-        return render.page(request, "error.html", session, status=status, message=str(message))
+        return render.page(
+            request, "error.html", session, status=status, status_code=status, message=str(message)
+        )
 
     return handle

@@ -61,6 +61,21 @@ def go(request: Request, path: str) -> RedirectResponse:
     return RedirectResponse(base(request) + path, status_code=303)
 
 
+def return_path(path: str) -> str:
+    """``path`` if it is a page of the console to come back to after logging in, else ''.
+    Only a path under ``/console/`` (joined to the app's base, so it stays on this origin):
+    no scheme, no ``//`` host, no backslash or control character, not the login itself nor a
+    live stream."""
+    if not path.startswith("/console/") or len(path) > 1000 or not path.isascii():
+        return ""
+    if "//" in path or "\\" in path or any(c < " " or c == "\x7f" for c in path):
+        return ""
+    page = path.split("?", 1)[0].rstrip("/")
+    if page in ("/console/login", "/console/logout") or page.endswith("/events"):
+        return ""
+    return path
+
+
 def timeline_html(doc: RunDoc) -> Markup:
     """The seed's drawing of the run (forward steps with classes and pushes, the pivot line,
     the unwind with ✓/✗ and attempts, the ending), each styled segment a span."""

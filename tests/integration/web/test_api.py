@@ -297,7 +297,8 @@ def test_the_app_mounts_in_another_asgi_app(web: Web) -> None:
     assert client.get("/saga/api/runs", headers=headers).status_code == 200
     assert client.get("/saga/health/live").json() == {"status": "ok"}
     away = client.get("/saga/console/runs", follow_redirects=False)
-    assert (away.status_code, away.headers["location"]) == (303, "/saga/console/login")
+    location = "/saga/console/login?next=%2Fconsole%2Fruns"  # back here after logging in
+    assert (away.status_code, away.headers["location"]) == (303, location)
     form = client.get("/saga/console/login")
     assert 'action="/saga/console/login"' in form.text
     assert "Path=/saga/console" in form.headers["set-cookie"]
