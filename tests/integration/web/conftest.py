@@ -7,6 +7,12 @@ named alice, ``read`` named bob). Built once for the package, torn down after it
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +24,7 @@ from fastapi.testclient import TestClient
 from saga import RunState, Saga
 from saga.client import Client
 from saga.settings import Settings
-from saga.testing import WorkerProcess
+from saga.testing import WorkerProcess, free_port
 from saga.web import create_app, tokens
 from saga.web.settings import WebSettings
 from tasks import systems
@@ -45,6 +51,18 @@ class Web:
     @property
     def env(self) -> dict[str, str]:
         return dict(self.deployment.env)
+
+    def console(self, token: str) -> TestClient:
+        """A test client logged into the console with ``token``, as a browser does it: the
+        login form (its cookie and CSRF value), then the form posted back."""
+        client = self.client()
+        answer = client.post(
+            "/console/login",
+            data={"csrf": login_value(client.get("/console/login").text), "token": token},
+            follow_redirects=False,
+        )
+        assert answer.status_code == 303 and "saga_session" in client.cookies, answer.text
+        return client
 
     def client(self, token: str | None = None) -> TestClient:
         """A test client of the app, as a holder of ``token`` (https: the cookies are Secure)."""
@@ -106,3 +124,52 @@ def fresh_world(web: Web) -> Iterator[None]:
     systems.reset()
     yield
     systems.clear_switches()
+
+
+@pytest.fixture(scope="module")
+def server(web: Web) -> Iterator[str]:
+    """``saga serve`` on a free port, ready (``/health/ready``), stopped by its PID."""
+    port = free_port()
+    env = {**os.environ, **web.env, "SAGA_APP": "tasks.app:saga", "SAGA_API_HOST": "127.0.0.1"}
+    log = (web.deployment.data / "serve.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "saga.cli", "serve", "--port", str(port)],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _ready(url, process)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        log.close()
+
+
+def _ready(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health/ready", timeout=5) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"saga serve did not become ready at {url}")
+        time.sleep(0.2)
+
+
+def login_value(page: str) -> str:
+    """The CSRF value of a login form (or of any console form) in ``page``."""
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, page[:500]
+    return found.group(1)

@@ -9,21 +9,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from saga import RunState
-from saga.testing import free_port
 from tasks import systems
-from tests.conftest import ROOT, service_missing
+from tests.conftest import service_missing
 from tests.integration.web.conftest import ARTEFACTS, Web
 
 pytestmark = pytest.mark.timeout(180)
@@ -32,48 +26,6 @@ CHROMIUM = os.environ.get("SAGA_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("SAGA_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
 #: Seconds a page may take to show what a test waits for.
 WAIT = 60
-
-
-@pytest.fixture(scope="module")
-def server(web: Web) -> Iterator[str]:
-    """``saga serve`` on a free port, ready (``/health/ready``), stopped by its PID."""
-    port = free_port()
-    env = {**os.environ, **web.env, "SAGA_APP": "tasks.app:saga", "SAGA_API_HOST": "127.0.0.1"}
-    log = (web.deployment.data / "serve.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "saga.cli", "serve", "--port", str(port)],
-        env=env,
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _ready(url, process)
-        yield url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-        log.close()
-
-
-def _ready(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health/ready", timeout=5) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"saga serve did not become ready at {url}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
