@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from saga import RunState
+from saga.web import tokens
 from tasks import systems
 from tests.conftest import service_missing
 from tests.integration.web.conftest import ARTEFACTS, Web
@@ -55,6 +57,7 @@ def browser() -> Iterator[Any]:
         f"--user-data-dir={profile}",
     ):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP reports land there
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(WAIT)
     try:
@@ -207,6 +210,94 @@ def test_a_read_login_sees_no_buttons_and_a_forged_post_changes_nothing(
     assert "CSRF" in browser.page_source
     assert web.saga.store.head(running.run_id).state is RunState.RUNNING  # type: ignore[union-attr]
     running.abort("test over")
+
+
+def test_pages_carry_security_headers_and_the_policy_holds_in_chromium(
+    web: Web, server: str, browser: Any
+) -> None:
+    """The run page as Chromium gets it: not stored, framed by nobody, its
+    Content-Security-Policy in force (an injected inline script does not run) and the page's
+    own script and style not refused by it; after logout the back button shows no run."""
+    from selenium.webdriver.common.by import By
+
+    run = web.saga.start_run()
+    name, text = _own_token(web)
+    log_in(browser, server, text)
+    page = f"{server}/console/runs/{run.run_id}"
+    browser.get(page)
+    until(browser, lambda: text_of(browser, "#run-state") == "running", "the run page")
+    headers = browser.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        fetch(location.href).then(r => done(Object.fromEntries(r.headers.entries())));
+        """
+    )
+    assert headers["cache-control"] == "no-store"
+    assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
+    assert headers["referrer-policy"] == "no-referrer"
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert browser.execute_script("return document.querySelector('[data-live]') !== null")
+    injected = browser.execute_script(
+        """
+        const s = document.createElement('script');
+        s.textContent = 'window.sagaInjected = true;';
+        document.body.appendChild(s);
+        return window.sagaInjected === true;
+        """
+    )
+    assert injected is False
+    refused = [
+        e["message"] for e in browser.get_log("browser") if "Content Security" in e["message"]
+    ]
+    assert len(refused) == 1 and "inline" in refused[0], refused  # the injected one only
+    # After logout, back: the server answers again (no stored page), with the login form
+    browser.find_element(By.CSS_SELECTOR, "form.who button").click()
+    until(browser, lambda: "/console/login" in browser.current_url, "the login form")
+    browser.back()
+    until(browser, lambda: "/console/login" in browser.current_url, "the login form again")
+    assert run.run_id not in text_of(browser, "main")
+    tokens.revoke(web.saga.records, name)
+    run.abort("test over")
+
+
+def test_an_open_live_stream_ends_on_logout_elsewhere_and_on_revoke(
+    web: Web, server: str, browser: Any
+) -> None:
+    """A run page watching its run live: logging out in another tab ends its stream at once
+    (the live mark goes, the run's next state never arrives); so does revoking the token."""
+    from selenium.webdriver.common.by import By
+
+    for how in ("logout", "revoke"):
+        run = web.saga.start_run()
+        name, text = _own_token(web)
+        log_in(browser, server, text)
+        browser.get(f"{server}/console/runs/{run.run_id}")
+        until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".live-dot"), "live")
+        watching = browser.current_window_handle
+        if how == "logout":
+            browser.switch_to.new_window("tab")
+            browser.get(f"{server}/console/runs")
+            browser.find_element(By.CSS_SELECTOR, "form.who button").click()
+            until(browser, lambda: "/console/login" in browser.current_url, "logged out")
+            browser.close()
+            browser.switch_to.window(watching)
+        else:
+            tokens.revoke(web.saga.records, name)
+        until(browser, lambda: browser.find_element(By.ID, "run").get_attribute("data-ended"), how)
+        assert not browser.find_elements(By.CSS_SELECTOR, ".live-dot"), how
+        run.abort(f"after the {how}")
+        web.recorded(run.run_id, RunState.COMPENSATED)
+        # The stream closed before the run moved: the page still shows it running
+        assert text_of(browser, "#run-state") == "running", how
+        if how == "logout":
+            tokens.revoke(web.saga.records, name)
+
+
+def _own_token(web: Web) -> tuple[str, str]:
+    """A ``read`` token of the test's own (one it may revoke): its name and text."""
+    name = f"b-{uuid.uuid4().hex[:10]}"
+    text, _ = tokens.create(web.saga.records, name, "read")
+    return name, text
 
 
 def _reload(browser: Any) -> bool:

@@ -91,12 +91,13 @@ def test_logout_ends_the_session_and_its_entry(web: Web) -> None:
     alice = web.console(text)
     csrf = login_value(alice.get("/console/runs").text)
     cookie = alice.cookies["saga_session"]
+    token_id = text.split("_")[1]
+    assert web.saga.store.client.zcard(WEB_TOKEN_SESSIONS_PREFIX + token_id) == 1
     assert alice.post("/console/logout", data={"csrf": csrf}).status_code == 200
     again = web.client().get(
         "/console/runs", headers={"Cookie": f"saga_session={cookie}"}, follow_redirects=False
     )
     assert again.status_code == 303
-    token_id = text.split("_")[1]
     assert web.saga.store.client.zcard(WEB_TOKEN_SESSIONS_PREFIX + token_id) == 0
 
 
