@@ -390,13 +390,12 @@ def test_a_session_holds_a_few_streams_then_429(web: Web, server: str) -> None:
         assert httpx.get(server + path, headers={"Cookie": cookie}, timeout=30).status_code == 429
         # When one browser goes away, its place is free again (once the stream notices)
         opened.pop(0)[1].close()
-        wait_until(
-            lambda: (
-                (made := _raw_stream(port, path, cookie))[0] == 200 and opened.append(made) is None
-            ),
-            timeout=30,
-            what="a stream accepted once one closed",
-        )
+
+        def one_more() -> bool:
+            opened.append(_raw_stream(port, path, cookie))
+            return opened[-1][0] == 200
+
+        wait_until(one_more, timeout=30, what="a stream accepted once one closed")
     finally:
         for _, sock in opened:
             sock.close()
