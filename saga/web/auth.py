@@ -157,11 +157,12 @@ def find_session(ctx: WebContext, request: Request) -> Session | None:
     raw = ctx.store.client.get(WEB_SESSION_PREFIX + digest)
     if raw is None:
         return None
-    holder = tokens.live(ctx.records, str(json.loads(raw)["token_id"]))
-    session = Session(digest, holder, _csrf(secret)) if holder is not None else None
-    if session is None:
-        ctx.store.client.delete(WEB_SESSION_PREFIX + digest)
-    return session
+    token_id = str(json.loads(raw)["token_id"])
+    holder = tokens.live(ctx.records, token_id)
+    if holder is None:
+        _end(ctx, digest, token_id)
+        return None
+    return Session(digest, holder, _csrf(secret))
 
 
 def still_open(ctx: WebContext, session: Session, exists: bool) -> bool:
@@ -174,9 +175,14 @@ def still_open(ctx: WebContext, session: Session, exists: bool) -> bool:
 
 
 def close_session(ctx: WebContext, session: Session) -> None:
+    _end(ctx, session.digest, session.holder.token_id)
+
+
+def _end(ctx: WebContext, digest: str, token_id: str) -> None:
+    """Forget a session and its place among its token's sessions, together."""
     with ctx.store.client.pipeline(transaction=True) as pipe:
-        pipe.delete(session.key)
-        pipe.zrem(WEB_TOKEN_SESSIONS_PREFIX + session.holder.token_id, session.digest)
+        pipe.delete(WEB_SESSION_PREFIX + digest)
+        pipe.zrem(WEB_TOKEN_SESSIONS_PREFIX + token_id, digest)
         pipe.execute()
 
 

@@ -374,6 +374,8 @@ def test_a_stream_ends_at_once_on_logout_and_on_revoke(
     for stream in streams:
         assert stream.closed.wait(30), stream.lines
         assert stream.events() == ["update", "end"], stream.lines
+    # And the revoked token's sessions are forgotten
+    assert web.saga.store.client.zcard(WEB_TOKEN_SESSIONS_PREFIX + text.split("_")[1]) == 0
     run.abort("test over")
 
 
