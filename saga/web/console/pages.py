@@ -19,7 +19,7 @@ from saga.model import RunState
 from saga.queries import escalation_rows, hosted_doc
 from saga.web import actions, problems
 from saga.web.api.common import EscalationId, RunId
-from saga.web.auth import Session, context, find_session, mint_login_value
+from saga.web.auth import SESSION_COOKIE, Session, context, find_session, mint_login_value
 from saga.web.console import render
 
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -44,14 +44,16 @@ def viewer(request: Request) -> Session:
 
 
 def _login(request: Request) -> str:
-    login = render.base(request) + "/console/login"
-    if request.method != "GET":
-        return login
+    """The login form, saying why when the browser had a session that no longer holds, and
+    where to come back to for a page (a form's post is not repeated)."""
+    login = URL(render.base(request) + "/console/login")
+    if request.cookies.get(SESSION_COOKIE):
+        login = login.include_query_params(error="expired")
     here = request.url.path[len(render.base(request)) :]
     if request.url.query:
         here += "?" + request.url.query
-    back = render.return_path(here)
-    return str(URL(login).include_query_params(next=back)) if back else login
+    back = render.return_path(here) if request.method == "GET" else ""
+    return str(login.include_query_params(next=back) if back else login)
 
 
 @router.get("")

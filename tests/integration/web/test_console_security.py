@@ -97,7 +97,8 @@ def test_logout_ends_the_session_and_its_entry(web: Web) -> None:
     again = web.client().get(
         "/console/runs", headers={"Cookie": f"saga_session={cookie}"}, follow_redirects=False
     )
-    assert again.status_code == 303
+    assert again.status_code == 303 and "error=expired" in again.headers["location"]
+    assert "Your session ended" in web.client().get(again.headers["location"]).text
     assert web.saga.store.client.zcard(WEB_TOKEN_SESSIONS_PREFIX + token_id) == 0
 
 
