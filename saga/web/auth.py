@@ -215,7 +215,7 @@ def mint_login_value(ctx: WebContext) -> str:
 def login_value_ok(ctx: WebContext, value: str) -> bool:
     """Whether ``value`` is one :func:`mint_login_value` made less than ``LOGIN_SECONDS`` ago."""
     nonce, stamp, signature = [*value.split("."), "", "", ""][:3]
-    if not (nonce and stamp.isascii() and stamp.isdecimal() and signature):
+    if not (nonce and signature and len(stamp) <= 12 and stamp.isascii() and stamp.isdecimal()):
         return False
     if not 0 <= time.time() - int(stamp) <= LOGIN_SECONDS:
         return False
