@@ -159,8 +159,10 @@ class AsyncClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the Redis connections; a publish still running finishes on its thread."""
-        self._publisher.shutdown(wait=False)
+        """Let the publishes in flight end (each attempt is bounded by ``publish_timeout``:
+        a thread is waited for, never the event loop), then close the connections."""
+        await asyncio.to_thread(self._publisher.shutdown)
+        self.app.close()
         await self.redis.aclose()
 
     async def enqueue_run(
