@@ -88,7 +88,7 @@ class ChatModelPolicy:
     @property
     def client(self) -> Any:
         """The SDK client; for a ``lazy`` policy, made now if this process has none yet (a
-        factory that raises, a missing key say, raises here, and the next turn tries again)."""
+        factory that raises, a missing key say, raises here, and the next call tries again)."""
         if self._client is None and self._make_client is not None:
             with self._making:
                 if self._client is None:
