@@ -65,7 +65,7 @@ from saga.constants import (
     run_keys,
     script_keys,
 )
-from saga.errors import UnknownRunError, WaitTimeoutError
+from saga.errors import ConfigurationError, UnknownRunError, WaitTimeoutError
 from saga.listing import _HEAD_FIELDS, Position, RunFilter, RunRow, _row_of_head, _score, micros
 from saga.picture import RunPicture
 from saga.settings import Settings
@@ -122,6 +122,15 @@ class AsyncClient:
         publish_threads: int = 4,
         publish_timeout: float = 10.0,
     ) -> None:
+        if isinstance(publish_threads, bool) or not isinstance(publish_threads, int):
+            raise ConfigurationError(
+                f"publish_threads must be a whole number, not {publish_threads!r}"
+            )
+        if publish_threads < 1 or not publish_timeout > 0:
+            raise ConfigurationError(
+                "publish_threads and publish_timeout must be positive "
+                f"(got {publish_threads!r}, {publish_timeout!r})"
+            )
         self.settings, redis_url, broker_url = resolved(broker_url, redis_url, settings)
         options: dict[str, Any] = {
             "max_connections": _MAX_CONNECTIONS,

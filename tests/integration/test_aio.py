@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from saga.aio import AsyncClient
 from saga.client import Client
 from saga.errors import (
+    ConfigurationError,
     MessageNotSentError,
     RunEndedError,
     SagaError,
@@ -407,3 +408,17 @@ def test_a_broker_that_refuses_the_decision_and_the_unwind_is_message_not_sent(
     assert "approved, but the broker did not take the turn" in str(decided)
     assert isinstance(aborted, MessageNotSentError) and second in str(aborted)
     assert "abort_run again with the same reason" in str(aborted)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"publish_threads": 0},
+        {"publish_threads": 2.5},
+        {"publish_timeout": 0},
+        {"publish_timeout": float("nan")},
+    ],
+)
+def test_a_publish_bound_that_is_not_positive_is_refused(options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError, match="publish_"):
+        AsyncClient("redis://127.0.0.1:1/0", "redis://127.0.0.1:1/0", **options)
