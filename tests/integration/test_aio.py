@@ -121,32 +121,42 @@ def closed_port() -> int:
     return port
 
 
-@pytest.fixture
-def silent_server() -> Iterator[int]:
+class SilentServer:
     """A local port that accepts connections and never answers (a Redis or broker that
-    hangs); every connection is closed at the end, so whatever waits on one ends."""
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    stop = threading.Event()
+    hangs) until ``release()``, which refuses new connections and closes the held ones, so
+    whatever waits on one ends at once."""
 
-    def accept() -> None:
-        server.settimeout(0.1)
-        while not stop.is_set():
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.1)
+        self.port = int(self.server.getsockname()[1])
+        self.held: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.acceptor = threading.Thread(target=self._accept, daemon=True)
+        self.acceptor.start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
             try:
-                held.append(server.accept()[0])
+                self.held.append(self.server.accept()[0])
             except TimeoutError:
                 continue
             except OSError:
                 return
 
-    acceptor = threading.Thread(target=accept, daemon=True)
-    acceptor.start()
-    yield int(server.getsockname()[1])
-    stop.set()
-    acceptor.join(5)
-    for connection in held:
-        connection.close()
-    server.close()
+    def release(self) -> None:
+        self.stop.set()
+        self.acceptor.join(5)
+        self.server.close()
+        for connection in self.held:
+            connection.close()
+
+
+@pytest.fixture
+def silent_server() -> Iterator[SilentServer]:
+    server = SilentServer()
+    yield server
+    server.release()
 
 
 def http(app: FastAPI) -> httpx.AsyncClient:
@@ -312,11 +322,11 @@ def test_scripts_redis_forgot_are_loaded_again(hosted: str, redis_client: Any) -
 
 
 def test_a_silent_redis_does_not_block_the_loop_and_ends_unavailable(
-    silent_server: int,
+    silent_server: SilentServer,
 ) -> None:
     """Redis accepts the connection and never answers: while get_run waits, the heartbeat
     keeps ticking; at the socket timeout the call is StoreUnavailableError."""
-    url = f"redis://127.0.0.1:{silent_server}/0"
+    url = f"redis://127.0.0.1:{silent_server.port}/0"
     settings = dataclasses.replace(Settings.from_env(), redis_options={"socket_timeout": 1.0})
 
     async def main() -> tuple[Any, int]:
@@ -351,12 +361,12 @@ def test_redis_down_is_store_unavailable_for_every_call() -> None:
 
 
 def test_a_silent_broker_is_message_not_sent_with_the_run_id_and_the_retry_converges(
-    hosted: str, silent_server: int
+    hosted: str, silent_server: SilentServer
 ) -> None:
     """The broker accepts and never answers: enqueue_run waits on its publish thread while
     the heartbeat ticks, then raises MessageNotSentError naming the run (created in Redis);
     enqueue_run again with that id, on a working broker, sends turn 1 and the run completes."""
-    broker = f"redis://127.0.0.1:{silent_server}/0"
+    broker = f"redis://127.0.0.1:{silent_server.port}/0"
     run_id = f"silent-{uuid.uuid4().hex[:8]}"
 
     async def main() -> tuple[Any, int, str, Any]:
@@ -422,3 +432,36 @@ def test_a_broker_that_refuses_the_decision_and_the_unwind_is_message_not_sent(
 def test_a_publish_bound_that_is_not_positive_is_refused(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError, match="publish_"):
         AsyncClient("redis://127.0.0.1:1/0", "redis://127.0.0.1:1/0", **options)
+
+
+def test_the_web_app_answers_other_requests_while_one_waits_on_a_silent_broker(
+    hosted: str, silent_server: SilentServer
+) -> None:
+    """One request's publish hangs on a broker that never answers; requests for a run's
+    status are answered while it is still pending; once the broker goes away for good, it
+    answers 409 MessageNotSentError naming its run."""
+    broker = f"redis://127.0.0.1:{silent_server.port}/0"
+
+    async def main() -> tuple[bool, list[int], Any]:
+        async with AsyncClient(hosted, hosted) as working:
+            known = await working.enqueue_run("patient", "Hi.")
+        async with (
+            AsyncClient(broker, hosted, publish_timeout=60.0) as client,
+            http(web_app(client)) as web,
+        ):
+            starting = asyncio.create_task(
+                web.post("/runs", json={"agent": "patient", "input": "Hi."})
+            )
+            for _ in range(600):  # bounded: 30 s; the publish has reached the broker
+                if silent_server.held:
+                    break
+                await asyncio.sleep(0.05)
+            reads = [(await web.get(f"/runs/{known}")).status_code for _ in range(3)]
+            pending = not starting.done()
+            silent_server.release()
+            started = await starting
+        return pending, reads, started.json()
+
+    pending, reads, started = run(main)
+    assert pending and reads == [200, 200, 200]
+    assert started["error"] == "MessageNotSentError" and "is created" in started["detail"]
