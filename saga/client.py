@@ -4,6 +4,9 @@ and Redis's URLs. No tool code is imported: turns are sent to the workers by tas
     from saga import client
     run_id = client.enqueue_run("refund", "Refund order 4921, it arrived late.")
     client.get_run(run_id).state          # "running", then "completed", ...
+
+An asyncio app awaits the same calls from ``saga.aio``, which shares this module's checks,
+errors and messages (the functions after ``Client``): a change to them reaches both.
 """
 
 from __future__ import annotations
