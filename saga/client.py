@@ -4,6 +4,9 @@ and Redis's URLs. No tool code is imported: turns are sent to the workers by tas
     from saga import client
     run_id = client.enqueue_run("refund", "Refund order 4921, it arrived late.")
     client.get_run(run_id).state          # "running", then "completed", ...
+
+An asyncio app awaits the same calls from ``saga.aio``, which shares this module's checks,
+errors and messages (the functions after ``Client``): a change to them reaches both.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import ssl
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,12 +25,12 @@ from saga.agents.launch import published_agent, send_turn
 from saga.agents.turn_state import LoopState, document
 from saga.constants import START_UNWIND_TASK, TURN_QUEUE
 from saga.errors import ApprovalError, MessageNotSentError, RunEndedError, UnknownRunError
-from saga.listing import RunFilter, page_of_runs
+from saga.listing import RunFilter, RunRow, page_of_runs
 from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
 from saga.rules import not_undone
 from saga.settings import Settings
-from saga.stack import RunStore
+from saga.stack import Outcome, RunStore
 from saga.transport import use_pooled_client_transport
 from saga.validation import check_agent_name, check_deadline, check_name, check_text
 
@@ -93,27 +97,11 @@ class Client:
         *,
         settings: Settings | None = None,
     ) -> None:
-        settings = settings or Settings.from_env()
-        redis_url = redis_url or settings.redis_url
-        broker_url = broker_url or os.environ.get("SAGA_BROKER_URL") or redis_url
-        self.settings = settings
+        self.settings, redis_url, broker_url = resolved(broker_url, redis_url, settings)
         self.store = RunStore.from_url(
-            redis_url, settings.retention_seconds, **settings.redis_options
+            redis_url, self.settings.retention_seconds, **self.settings.redis_options
         )
-        self.app = Celery("saga-client", broker=broker_url, set_as_current=False)
-        self.app.conf.update(
-            task_serializer="json",
-            accept_content=["json"],
-            broker_connection_retry_on_startup=True,
-        )
-        use_pooled_client_transport(self.app)
-        if broker_url.startswith("rediss://"):
-            self.app.conf.broker_use_ssl = {
-                "ssl_cert_reqs": ssl.CERT_REQUIRED,
-                "ssl_ca_certs": os.environ.get("SAGA_REDIS_SSL_CA"),
-                "ssl_certfile": os.environ.get("SAGA_REDIS_SSL_CERT"),
-                "ssl_keyfile": os.environ.get("SAGA_REDIS_SSL_KEY"),
-            }
+        self.app = broker_app(broker_url)
 
     def enqueue_run(
         self, agent: str, input: str, run_id: str | None = None, deadline: float | None = None
@@ -128,17 +116,16 @@ class Client:
         published the agents it hosts; before that, the turn worker ends such a run
         ``failed_to_start``."""
         check_agent_name(agent)
-        hosted = published_agent(self.store, agent)
-        open_deadline = deadline is None and hosted is None  # nothing published: a guess
-        if deadline is None:
-            deadline = (hosted or {}).get("deadline") or self.settings.run_deadline_seconds
+        chosen, open_deadline = run_deadline(
+            published_agent(self.store, agent), deadline, self.settings
+        )
         return _enqueue_run(
             self.store,
             self.app,
             agent,
             input,
             run_id,
-            check_deadline(deadline),
+            chosen,
             self.settings.max_payload_bytes,
             deadline_open=open_deadline,
         )
@@ -146,7 +133,7 @@ class Client:
     def get_run(self, run_id: str) -> RunStatus:
         picture = self.store.picture(run_id)
         if picture is None:
-            raise UnknownRunError(f"no run {run_id} (never started, or expired)")
+            raise no_run(run_id)
         return status_of(picture)
 
     def list_runs(self, agent: str | None = None, limit: int = 50) -> list[RunSummary]:
@@ -156,11 +143,7 @@ class Client:
         cursor: str | None = None
         while len(found) < limit:
             page = page_of_runs(self.store, None, RunFilter(agent=agent, limit=limit), cursor)
-            found += [
-                RunSummary(r.run_id, r.agent, r.state, r.created or 0.0)
-                for r in page.rows
-                if r.agent
-            ]
+            found += summaries(page.rows)
             if page.next_cursor is None:
                 break
             cursor = page.next_cursor
@@ -178,46 +161,131 @@ class Client:
     def _decide(
         self, run_id: str, marker: str, verdict: str, by: str, reason: str, args_hash: str
     ) -> None:
-        check_name("by", by)
-        check_text("reason", reason, max_length=2000)
+        check_decision(by, reason)
         outcome = self.store.decide_approval(run_id, marker, verdict, by, reason, args_hash)
         if outcome.status != "ok":
-            why = {
-                "unknown": "no call awaits approval under this id",
-                "decided": "it was decided already",
-                "ended": "the run is no longer running",
-                "mismatch": "the arguments are not the ones awaiting approval",
-                "expired": "the request expired with the run's deadline",
-            }.get(outcome.status, outcome.status)
-            raise ApprovalError(f"run {run_id}, call {marker}: {why}")
+            raise approval_refused(run_id, marker, outcome.status)
         try:
-            send_turn(self.app, run_id, int(marker.split(":")[0]))  # the turn goes on
+            send_turn(self.app, run_id, turn_of(marker))  # the turn goes on
         except Exception as exc:
-            raise MessageNotSentError(
-                f"run {run_id}, call {marker}: {verdict}, but the broker did not take the turn "
-                f"that acts on it ({exc}); the reaper sends it at the run's deadline"
-            ) from exc
+            raise decision_not_sent(run_id, marker, verdict, exc) from exc
 
     def abort_run(self, run_id: str, reason: str = "aborted by the user") -> None:
         """Stop the run now: no more turns; the workers unwind what it did (or escalate past
         its pivot) once its steps in flight settle."""
-        check_text("reason", reason, max_length=2000)
-        outcome = self.store.abort(run_id, f"aborted: {reason}")
-        if outcome.status == "unknown":
-            raise UnknownRunError(f"no run {run_id}")
-        if outcome.status == "ended":
-            raise RunEndedError(run_id, str(outcome.values[0]))
-        if outcome.owns_unwind:
+        outcome = self.store.abort(run_id, abort_reason(reason))
+        if must_unwind(run_id, outcome):
             try:
-                self.app.send_task(
-                    START_UNWIND_TASK, kwargs={"run_id": run_id, "owner": "abort"}, queue=TURN_QUEUE
-                )
+                send_unwind(self.app, run_id)
             except Exception as exc:
-                raise MessageNotSentError(
-                    f"run {run_id} is aborted, but the broker did not take its unwind ({exc}): "
-                    "abort_run again with the same reason sends it (the reaper does at its "
-                    "deadline)"
-                ) from exc
+                raise unwind_not_sent(run_id, exc) from exc
+
+
+# -- what the sync client and the asyncio one (``saga.aio``) share ---------------------------
+
+
+def resolved(
+    broker_url: str | None, redis_url: str | None, settings: Settings | None
+) -> tuple[Settings, str, str]:
+    """The settings, the Redis URL and the broker's (``SAGA_BROKER_URL``, else the Redis)."""
+    settings = settings or Settings.from_env()
+    redis_url = redis_url or settings.redis_url
+    return settings, redis_url, broker_url or os.environ.get("SAGA_BROKER_URL") or redis_url
+
+
+def broker_app(broker_url: str) -> Celery:
+    """A Celery app that only sends, by task name: no tool code is imported."""
+    app = Celery("saga-client", broker=broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+    )
+    use_pooled_client_transport(app)
+    if broker_url.startswith("rediss://"):
+        app.conf.broker_use_ssl = {
+            "ssl_cert_reqs": ssl.CERT_REQUIRED,
+            "ssl_ca_certs": os.environ.get("SAGA_REDIS_SSL_CA"),
+            "ssl_certfile": os.environ.get("SAGA_REDIS_SSL_CERT"),
+            "ssl_keyfile": os.environ.get("SAGA_REDIS_SSL_KEY"),
+        }
+    return app
+
+
+def run_deadline(
+    hosted: dict[str, Any] | None, deadline: float | None, settings: Settings
+) -> tuple[float, bool]:
+    """The deadline a new run starts on (``enqueue_run`` says which), and whether it is open:
+    a guess the turn worker replaces with the agent's own (nothing was published)."""
+    open_deadline = deadline is None and hosted is None
+    if deadline is None:
+        deadline = (hosted or {}).get("deadline") or settings.run_deadline_seconds
+    return check_deadline(deadline), open_deadline
+
+
+def no_run(run_id: str) -> UnknownRunError:
+    return UnknownRunError(f"no run {run_id} (never started, or expired)")
+
+
+def summaries(rows: Iterable[RunRow]) -> list[RunSummary]:
+    """The hosted runs among a listing's rows (``run.call``'s have no agent)."""
+    return [RunSummary(r.run_id, r.agent, r.state, r.created or 0.0) for r in rows if r.agent]
+
+
+def check_decision(by: str, reason: str) -> None:
+    check_name("by", by)
+    check_text("reason", reason, max_length=2000)
+
+
+def turn_of(marker: str) -> int:
+    """The turn an approval's id (``<turn>:<call>``) belongs to: the one a decision resumes."""
+    return int(marker.split(":")[0])
+
+
+def approval_refused(run_id: str, marker: str, status: str) -> ApprovalError:
+    why = {
+        "unknown": "no call awaits approval under this id",
+        "decided": "it was decided already",
+        "ended": "the run is no longer running",
+        "mismatch": "the arguments are not the ones awaiting approval",
+        "expired": "the request expired with the run's deadline",
+    }.get(status, status)
+    return ApprovalError(f"run {run_id}, call {marker}: {why}")
+
+
+def decision_not_sent(
+    run_id: str, marker: str, verdict: str, exc: Exception
+) -> MessageNotSentError:
+    return MessageNotSentError(
+        f"run {run_id}, call {marker}: {verdict}, but the broker did not take the turn "
+        f"that acts on it ({exc}); the reaper sends it at the run's deadline"
+    )
+
+
+def abort_reason(reason: str) -> str:
+    """The reason an abort records, once the caller's is valid."""
+    return f"aborted: {check_text('reason', reason, max_length=2000)}"
+
+
+def must_unwind(run_id: str, outcome: Outcome) -> bool:
+    """What the abort script answered: True when this caller must send the unwind;
+    ``UnknownRunError`` / ``RunEndedError`` when there was nothing to abort."""
+    if outcome.status == "unknown":
+        raise UnknownRunError(f"no run {run_id}")
+    if outcome.status == "ended":
+        raise RunEndedError(run_id, str(outcome.values[0]))
+    return outcome.owns_unwind
+
+
+def send_unwind(app: Celery, run_id: str) -> None:
+    app.send_task(START_UNWIND_TASK, kwargs={"run_id": run_id, "owner": "abort"}, queue=TURN_QUEUE)
+
+
+def unwind_not_sent(run_id: str, exc: Exception) -> MessageNotSentError:
+    return MessageNotSentError(
+        f"run {run_id} is aborted, but the broker did not take its unwind ({exc}): "
+        "abort_run again with the same reason sends it (the reaper does at its deadline)"
+    )
 
 
 def status_of(picture: RunPicture) -> RunStatus:

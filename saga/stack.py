@@ -8,6 +8,7 @@ message replays instead of re-executing.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -100,13 +101,17 @@ _SCRIPTS = (
 ILLEGAL = "illegal"
 
 
-def _load_scripts(client: redis.Redis) -> dict[str, Script]:
+@functools.cache
+def script_sources() -> dict[str, str]:
+    """Each script's whole text (the machine's tables and the prelude before it): what both
+    the store and the asyncio client (``saga.aio``) register, so they run the same SHA."""
     folder = resources.files("saga") / "lua"
     prelude = lua_tables() + "\n" + (folder / "_prelude.lua").read_text()
-    return {
-        name: client.register_script(prelude + "\n" + (folder / f"{name}.lua").read_text())
-        for name in _SCRIPTS
-    }
+    return {name: prelude + "\n" + (folder / f"{name}.lua").read_text() for name in _SCRIPTS}
+
+
+def _load_scripts(client: redis.Redis) -> dict[str, Script]:
+    return {name: client.register_script(text) for name, text in script_sources().items()}
 
 
 @dataclass(frozen=True)
@@ -180,9 +185,9 @@ class RunStore:
             keys.append(settled_key(run_id, step))
         elif extra:
             keys.append(extra)
-        with _reachable(script):
+        with reachable(script):
             raw = self._scripts[script](keys=keys, args=list(args))
-        return _outcome(script, run_id, raw, args)
+        return outcome_of(script, run_id, raw, args)
 
     def now(self, exact: bool = False) -> float:
         """The Redis server's clock, the one every script records: this host's clock corrected
@@ -191,7 +196,7 @@ class RunStore:
         must not make every run look abandoned)."""
         host = time.time()
         if exact or host - self._offset_measured > _CLOCK_RESYNC:
-            with _reachable("time"):
+            with reachable("time"):
                 seconds, micros = self.client.time()
             self._offset = float(seconds) + micros / 1_000_000 - time.time()
             self._offset_measured = host
@@ -221,20 +226,14 @@ class RunStore:
         hash tag: Redis Cluster)."""
         created = f"{self.now():.6f}"
         args = (int(allow_after_pivot), deadline, agent, input_json, created, int(deadline_open))
-
-        def queue(pipe: Any) -> None:
-            pipe.zadd(ACTIVE_RUNS_KEY, {run_id: float(created) + deadline})
-            pipe.zadd(CREATED_RUNS_KEY, {run_id: float(created)}, nx=True)
-            self._queue_script(pipe, "create", run_id, args)
-
-        *_, made = self._pipelined("create", queue, transaction=False)
+        sha = self._scripts["create"].sha
+        *_, made = self._pipelined(
+            "create", lambda pipe: queue_create(pipe, sha, run_id, args), transaction=False
+        )
         return str(made) == "1"
 
     def _queue_script(self, pipe: Any, name: str, run_id: str, args: Sequence[Any]) -> None:
-        """Queue script ``name`` on ``pipe`` by its SHA alone: redis-py's own pipelined scripts
-        cost a SCRIPT EXISTS round trip on every execute."""
-        keys = script_keys(run_id)
-        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+        queue_script(pipe, self._scripts[name].sha, run_id, args)
 
     def _pipelined(
         self, name: str, queue: Callable[[Any], None], *, transaction: bool
@@ -242,28 +241,26 @@ class RunStore:
         """Run the commands ``queue`` puts on a pipeline (script ``name`` among them) in one
         round trip; once more after loading the script if Redis did not have it (it
         restarted): every command queued must be safe to repeat."""
-        with _reachable(name):
+        with reachable(name):
             for attempt in (1, 2):
                 with self.client.pipeline(transaction=transaction) as pipe:
                     queue(pipe)
                     answers: list[Any] = pipe.execute(raise_on_error=False)
-                if attempt == 1 and any(isinstance(a, NoScriptError) for a in answers):
+                if attempt == 1 and script_missing(answers):
                     self.client.script_load(self._scripts[name].script)
                     continue
                 break
-            for answer in answers:
-                if isinstance(answer, Exception):
-                    raise answer
+            raise_first_error(answers)
         return answers
 
     def schedule(self, run_id: str, at: float) -> None:
         """Have the reaper look at the run at ``at`` (Redis clock)."""
-        with _reachable("schedule"):
+        with reachable("schedule"):
             self.client.zadd(ACTIVE_RUNS_KEY, {run_id: at})
 
     def due_runs(self, now: float, limit: int = 1000) -> list[tuple[str, float]]:
         """Runs the reaper should look at by ``now``, with when they were due."""
-        with _reachable("due_runs"):
+        with reachable("due_runs"):
             due = self.client.zrangebyscore(
                 ACTIVE_RUNS_KEY, "-inf", now, start=0, num=limit, withscores=True
             )
@@ -271,23 +268,23 @@ class RunStore:
 
     def active_runs(self) -> list[str]:
         """Every run the reaper keeps an eye on (running, unwinding, or kept for retention)."""
-        with _reachable("active_runs"):
+        with reachable("active_runs"):
             return cast(list[str], self.client.zrange(ACTIVE_RUNS_KEY, 0, -1))
 
     def note_reaper_pass(self) -> None:
         """The scheduled reaper finished a pass: what tells an operator beat is alive."""
-        with _reachable("note_reaper_pass"):
+        with reachable("note_reaper_pass"):
             self.client.set(REAPER_PASS_KEY, f"{self.now():.6f}")
 
     def last_reaper_pass(self) -> float | None:
         """When the scheduled reaper last finished a pass (Redis clock); None if never."""
-        with _reachable("last_reaper_pass"):
+        with reachable("last_reaper_pass"):
             value = self.client.get(REAPER_PASS_KEY)
         return float(value) if value else None
 
     def forget(self, run_id: str) -> None:
         """Drop a run whose keys are gone from the reaper's index and the listing's."""
-        with _reachable("forget"), self.client.pipeline(transaction=True) as pipe:
+        with reachable("forget"), self.client.pipeline(transaction=True) as pipe:
             pipe.zrem(ACTIVE_RUNS_KEY, run_id)
             pipe.zrem(CREATED_RUNS_KEY, run_id)
             pipe.execute()
@@ -296,7 +293,7 @@ class RunStore:
 
     def view(self, run_id: str) -> RunView | None:
         keys = run_keys(run_id)
-        with _reachable("view"), self.client.pipeline(transaction=True) as pipe:
+        with reachable("view"), self.client.pipeline(transaction=True) as pipe:
             pipe.hgetall(keys[0])
             pipe.hgetall(keys[2])
             run, inflight = pipe.execute()
@@ -560,7 +557,7 @@ class RunStore:
         outcome = self._call("adopt_deadline", run_id, deadline)
         if outcome.status != "ok":
             return False
-        with _reachable("adopt_deadline"):
+        with reachable("adopt_deadline"):
             # Sooner only (ZADD LT needs Redis 6.2); a look that comes early is harmless: the
             # reaper reads the run's own deadline and schedules the next.
             due = float(outcome.values[0]) + deadline
@@ -576,33 +573,21 @@ class RunStore:
     # -- reading --------------------------------------------------------------------------
 
     def head(self, run_id: str) -> RunHead | None:
-        fields = ("state", "updated", "deadline", "recorded", "ended")
-        with _reachable("head"):
-            state, updated, deadline, recorded, ended = self.client.hmget(
-                run_keys(run_id)[0], fields
-            )
-        if state is None:
-            return None
-        return RunHead(
-            state=RunState(str(state)),
-            updated=float(updated or 0),
-            deadline=float(deadline or 0),
-            recorded=recorded == "1",
-            ended=float(ended) if ended else None,
-        )
+        with reachable("head"):
+            return head_of(self.client.hmget(run_keys(run_id)[0], HEAD_FIELDS))
 
     def owner(self, run_id: str) -> str:
-        with _reachable("owner"):
+        with reachable("owner"):
             return cast(str, self.client.hget(run_keys(run_id)[0], "owner") or "")
 
     def in_flight(self, run_id: str, step: int) -> bool:
-        with _reachable("in_flight"):
+        with reachable("in_flight"):
             return bool(self.client.hexists(run_keys(run_id)[2], str(step)))
 
     def step_outcome(self, run_id: str, step: int) -> tuple[str | None, str | None, str | None]:
         """The step's state, result and error as stored."""
         fields = (f"{step}:state", f"{step}:result", f"{step}:error")
-        with _reachable("step_outcome"):
+        with reachable("step_outcome"):
             state, result, error = self.client.hmget(run_keys(run_id)[1], fields)
         return cast(tuple[str | None, str | None, str | None], (state, result, error))
 
@@ -613,7 +598,7 @@ class RunStore:
         its outcome as ``step_outcome`` does: both in one round trip (Redis runs a pipeline's
         commands in order, so the read waits behind the blocking pop)."""
         fields = (f"{step}:state", f"{step}:result", f"{step}:error")
-        with _reachable("wait_outcome"), self.client.pipeline(transaction=False) as pipe:
+        with reachable("wait_outcome"), self.client.pipeline(transaction=False) as pipe:
             pipe.blpop([settled_key(run_id, step)], timeout=max(timeout, 0.001))
             pipe.hmget(run_keys(run_id)[1], fields)
             _, (state, result, error) = pipe.execute()
@@ -623,7 +608,7 @@ class RunStore:
         """Block until one of ``keys`` (settle signals: lists the scripts push to) has a
         signal, or ``timeout`` passes; True if one came. ``keep``: put it back for another
         waiter (it expires as the script's would)."""
-        with _reachable("wait_signal"):
+        with reachable("wait_signal"):
             popped = self.client.blpop(keys, timeout=max(timeout, 0.001))
             if popped is None:
                 return False
@@ -635,9 +620,9 @@ class RunStore:
         return True
 
     def picture(self, run_id: str) -> RunPicture | None:
-        with _reachable("picture"), self.client.pipeline(transaction=True) as pipe:
-            _read_picture(pipe, run_id)
-            return _picture_of(run_id, pipe.execute())
+        with reachable("picture"), self.client.pipeline(transaction=True) as pipe:
+            read_picture(pipe, run_id)
+            return picture_of(run_id, pipe.execute())
 
     def complete(self, run_id: str) -> tuple[Outcome, RunPicture | None]:
         """Conclude a running run as completed and read it back, in one transaction (one
@@ -646,13 +631,59 @@ class RunStore:
 
         def queue(pipe: Any) -> None:
             self._queue_script(pipe, "conclude", run_id, args)
-            _read_picture(pipe, run_id)
+            read_picture(pipe, run_id)
 
         raw, *read = self._pipelined("conclude", queue, transaction=True)
-        return _outcome("conclude", run_id, raw, args), _picture_of(run_id, read)
+        return outcome_of("conclude", run_id, raw, args), picture_of(run_id, read)
 
 
-def _outcome(script: str, run_id: str, raw: Any, args: Any) -> Outcome:
+def queue_script(pipe: Any, sha: str, run_id: str, args: Sequence[Any]) -> None:
+    """Queue the script of ``sha`` on ``pipe`` (sync or asyncio) by its SHA alone: redis-py's
+    own pipelined scripts cost a SCRIPT EXISTS round trip on every execute."""
+    keys = script_keys(run_id)
+    pipe.evalsha(sha, len(keys), *keys, *args)
+
+
+def queue_create(pipe: Any, sha: str, run_id: str, args: Sequence[Any]) -> None:
+    """Queue a run's creation (``RunStore.create`` says why in this order) on ``pipe``: the
+    indexes, then ``create.lua`` (``sha``) with ``args``, whose 5th is the creation time."""
+    created, deadline = float(args[4]), float(args[1])
+    pipe.zadd(ACTIVE_RUNS_KEY, {run_id: created + deadline})
+    pipe.zadd(CREATED_RUNS_KEY, {run_id: created}, nx=True)
+    queue_script(pipe, sha, run_id, args)
+
+
+def script_missing(answers: Sequence[Any]) -> bool:
+    """A pipeline's answers say Redis did not have a script (it restarted): load and repeat."""
+    return any(isinstance(answer, NoScriptError) for answer in answers)
+
+
+def raise_first_error(answers: Sequence[Any]) -> None:
+    """A pipeline run with ``raise_on_error=False`` fails as its first failed command."""
+    for answer in answers:
+        if isinstance(answer, Exception):
+            raise answer
+
+
+#: The run hash's fields a ``RunHead`` is read from, in ``head_of``'s order.
+HEAD_FIELDS = ("state", "updated", "deadline", "recorded", "ended")
+
+
+def head_of(values: Sequence[Any]) -> RunHead | None:
+    """The head of a run from its ``HEAD_FIELDS``; None when the run has no keys."""
+    state, updated, deadline, recorded, ended = values
+    if state is None:
+        return None
+    return RunHead(
+        state=RunState(str(state)),
+        updated=float(updated or 0),
+        deadline=float(deadline or 0),
+        recorded=recorded == "1",
+        ended=float(ended) if ended else None,
+    )
+
+
+def outcome_of(script: str, run_id: str, raw: Any, args: Any) -> Outcome:
     """A script's answer as an ``Outcome``; a transition its table refused is logged."""
     outcome = Outcome(str(raw[0]), tuple(raw[1:])) if isinstance(raw, list) else Outcome(str(raw))
     if outcome.status == ILLEGAL:
@@ -669,8 +700,8 @@ def _outcome(script: str, run_id: str, raw: Any, args: Any) -> Outcome:
     return outcome
 
 
-def _read_picture(pipe: Any, run_id: str) -> None:
-    """Queue the reads of a whole run on ``pipe`` (``_picture_of`` makes their answers one)."""
+def read_picture(pipe: Any, run_id: str) -> None:
+    """Queue the reads of a whole run on ``pipe`` (``picture_of`` makes their answers one)."""
     run_key, steps_key, inflight_key, stack_key, comps_key = run_keys(run_id)
     pipe.hgetall(run_key)
     pipe.hgetall(steps_key)
@@ -680,7 +711,7 @@ def _read_picture(pipe: Any, run_id: str) -> None:
     pipe.hgetall(agent_key(run_id))
 
 
-def _picture_of(run_id: str, read: list[Any]) -> RunPicture | None:
+def picture_of(run_id: str, read: list[Any]) -> RunPicture | None:
     run, steps, stack, comps, inflight, agent = read
     if not run:
         return None
@@ -688,7 +719,7 @@ def _picture_of(run_id: str, read: list[Any]) -> RunPicture | None:
 
 
 @contextmanager
-def _reachable(what: str) -> Iterator[None]:
+def reachable(what: str) -> Iterator[None]:
     """Redis being away is a saga error the caller can retry, not a library traceback."""
     try:
         yield

@@ -5,11 +5,17 @@ saga never constructs a client and never imports an SDK: it calls ``chat.complet
 with ``max_retries=0`` so saga owns the retries: a failed call becomes a ``ModelCallError``
 saying whether to retry and after how long, and the hosted loop decides, instead of a client
 sleeping inside a Celery task.
+
+Every process that imports the agent's module builds what the module builds, the tools workers
+and the web app too, though only the turn worker asks the model. ``ChatModelPolicy.lazy(make)``
+calls ``make()`` on the first model call instead, in the process that plays the turn: only it
+needs the API key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from saga.agents.formats import wire_format
@@ -52,7 +58,9 @@ class ChatModelPolicy:
             raise TypeError(f"ChatModelPolicy sets {', '.join(clash)} itself; pass it by name")
         if request_options.get("stream"):
             raise TypeError("ChatModelPolicy needs whole answers; streaming is not supported")
-        self.client = client
+        self._client = client
+        self._make_client: Callable[[], Any] | None = None
+        self._making = threading.Lock()
         self.model = model
         self.format = wire_format(fmt)
         self.system = system
@@ -60,11 +68,39 @@ class ChatModelPolicy:
         self.strict = strict
         self.request_options = request_options
 
+    @classmethod
+    def lazy(
+        cls,
+        make_client: Callable[[], Any],
+        model: str,
+        fmt: ModelFormat | str,
+        **options: Any,
+    ) -> ChatModelPolicy:
+        """A policy whose SDK client is ``make_client()``, made on the first model call (once
+        per process, shared by its threads), so importing the agent's module needs no key.
+        ``options``: as ``ChatModelPolicy``'s (``system``, ``max_tokens``, request options)."""
+        if not callable(make_client):
+            raise TypeError("ChatModelPolicy.lazy needs a function that makes the SDK client")
+        policy = cls(None, model, fmt, **options)
+        policy._make_client = make_client
+        return policy
+
+    @property
+    def client(self) -> Any:
+        """The SDK client; for a ``lazy`` policy, made now if this process has none yet (a
+        factory that raises, a missing key say, raises here, and the next call tries again)."""
+        if self._client is None and self._make_client is not None:
+            with self._making:
+                if self._client is None:
+                    self._client = self._make_client()
+        return self._client
+
     def __call__(self, transcript: Transcript, tools: Sequence[Tool]) -> ModelTurn:
         """Send the conversation, parse the answer; a failed call raises ``ModelCallError``."""
         request = self.request(transcript, tools)
+        client = self.client  # outside the try: a client that cannot be made is not a model error
         try:
-            response = self.format.create(self.client, request)
+            response = self.format.create(client, request)
         except Exception as exc:
             error = model_call_error(exc)
             if error is None:

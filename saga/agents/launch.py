@@ -24,6 +24,7 @@ from saga.validation import check_agent_name, check_deadline, check_run_id, chec
 
 if TYPE_CHECKING:
     from saga.agents.agent import Agent
+    from saga.stack import RunHead
 
 
 def enqueue_run(
@@ -41,6 +42,26 @@ def enqueue_run(
     The same ``run_id`` again is not an error: the run exists, so nothing is created, and
     turn 1 is sent again only if it has no answer yet (the first call may have died before
     sending it; a second message of a turn only replays it)."""
+    run_id, deadline = checked_run(agent, input, run_id, deadline, max_input_bytes)
+    if store.create(run_id, deadline, agent=agent, input_json=input, deadline_open=deadline_open):
+        metrics.run_started()
+    else:
+        existing = store.client.hget(agent_key(run_id), "name")
+        started = store.client.hexists(agent_key(run_id), "1:answer")
+        if not first_turn_due(run_id, agent, existing, started, store.head(run_id)):
+            return run_id
+    try:
+        send_turn(app, run_id, 1)
+    except Exception as exc:
+        raise first_turn_not_sent(run_id, exc) from exc
+    return run_id
+
+
+def checked_run(
+    agent: str, input: Any, run_id: str | None, deadline: float, max_input_bytes: int
+) -> tuple[str, float]:
+    """The run's id (a new one if None) and deadline, once its agent and input are valid:
+    what the sync and the asyncio client check the same way before anything is written."""
     check_agent_name(agent)
     if not isinstance(input, str):
         raise PayloadError("the input of a hosted run is the user's message, a string")
@@ -48,26 +69,27 @@ def enqueue_run(
     if len(input.encode()) > max_input_bytes:
         raise PayloadError(f"the input is over the limit of {max_input_bytes} bytes")
     run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
-    deadline = check_deadline(deadline)
-    if store.create(run_id, deadline, agent=agent, input_json=input, deadline_open=deadline_open):
-        metrics.run_started()
-    else:
-        existing = store.client.hget(agent_key(run_id), "name")
-        if existing != agent:
-            owner = f"agent {existing!r}" if existing else "run.call"
-            raise RunExistsError(f"run {run_id} already exists, driven by {owner}")
-        head = store.head(run_id)
-        started = store.client.hexists(agent_key(run_id), "1:answer")
-        if started or head is None or head.state.value != "running":
-            return run_id
-    try:
-        send_turn(app, run_id, 1)
-    except Exception as exc:
-        raise MessageNotSentError(
-            f"run {run_id} is created, but the broker did not take its first turn ({exc}): "
-            "enqueue_run again with the same run id sends it (the reaper does at its deadline)"
-        ) from exc
-    return run_id
+    return run_id, check_deadline(deadline)
+
+
+def first_turn_due(
+    run_id: str, agent: str, existing: object, started: bool, head: RunHead | None
+) -> bool:
+    """The run existed already (``existing``: the agent its loop names): whether turn 1 is
+    to be sent again (the first call may have died before sending it; a second message of a
+    turn only replays it). ``RunExistsError`` for a run of another agent, or of ``run.call``."""
+    if existing != agent:
+        owner = f"agent {existing!r}" if existing else "run.call"
+        raise RunExistsError(f"run {run_id} already exists, driven by {owner}")
+    return not started and head is not None and head.state.value == "running"
+
+
+def first_turn_not_sent(run_id: str, exc: Exception) -> MessageNotSentError:
+    """The error a web app gets when the run is created but its first turn was not sent."""
+    return MessageNotSentError(
+        f"run {run_id} is created, but the broker did not take its first turn ({exc}): "
+        "enqueue_run again with the same run id sends it (the reaper does at its deadline)"
+    )
 
 
 def send_turn(app: Any, run_id: str, turn: int, task: str = AGENT_TURN_TASK) -> None:
@@ -112,11 +134,20 @@ def published_agent(store: RunStore, name: str) -> dict[str, Any] | None:
     published agents and none of them is ``name``; None when none has published any (the
     client cannot know, and the turn worker decides)."""
     entry = store.client.hget(AGENTS_KEY, name)
+    known = [] if entry is not None else store.client.hkeys(AGENTS_KEY)
+    return published_entry(name, entry, known)
+
+
+def published_entry(
+    name: str, entry: str | bytes | None, known: Iterable[object]
+) -> dict[str, Any] | None:
+    """``published_agent`` from what Redis answered: agent ``name``'s entry, else the names of
+    the agents the workers host (``known``, read only when there is no entry)."""
     if entry is not None:
         found: dict[str, Any] = json.loads(entry)
         return found
-    known = [str(name) for name in store.client.hkeys(AGENTS_KEY)]
-    if known:
-        hosted = ", ".join(sorted(known))
+    hosts = sorted(str(other) for other in known)
+    if hosts:
+        hosted = ", ".join(hosts)
         raise UnknownAgentError(f"no worker hosts an agent {name!r}; the workers host: {hosted}")
     return None

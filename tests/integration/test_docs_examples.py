@@ -4,8 +4,13 @@ worker, from a directory of their own where neither this repository's ``tasks`` 
 ``celeryconfig`` can be imported.
 
 A block whose first line is ``# name.py`` is a module (written as that file; the worker
-imports the modules); any other block is a script, run in order in a fresh interpreter. The
-one thing supplied from outside is ``billing``, the payment system the README's tool calls.
+imports the modules), unless the doc runs it (``python name.py`` in a shell block); any other
+block is a script, run in order in a fresh interpreter. The one thing supplied from outside is
+``billing``, the payment system the README's tool calls. saga is this checkout's (the
+interpreter's own, as an installed package would be, then the checkout's source).
+
+The README's path for one's own project runs too, as written: its shell lines in a directory of
+their own, the worker started by its line, the run by its line.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +38,8 @@ pytestmark = pytest.mark.timeout(180)
 DOCS = ("README.md", "docs/integrations.md", "docs/hosted-agents.md")
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _MODULE = re.compile(r"# (\w+)\.py\b")
+_SHELL = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_RUN_BY_NAME = re.compile(r"^python (\w+)\.py\b", re.MULTILINE)
 
 BILLING = '''"""Stands in for the payment system the README's tool calls."""
 import uuid
@@ -66,10 +74,19 @@ SCRIPT = [("issue_credit", {"order_id": 4921, "amount_cents": 250_000}), "Credit
 def blocks(doc: str) -> list[tuple[str, str]]:
     """``(module name or "", code)`` of each python block of ``doc``, in order."""
     found = []
-    for code in _BLOCK.findall((ROOT / doc).read_text()):
+    text = (ROOT / doc).read_text()
+    scripts = {name for shell in _SHELL.findall(text) for name in _RUN_BY_NAME.findall(shell)}
+    for code in _BLOCK.findall(text):
         named = _MODULE.match(code)
-        found.append((named[1] if named else "", code))
+        found.append((named[1] if named and named[1] not in scripts else "", code))
     return found
+
+
+def named_block(doc: str, name: str) -> str:
+    """The python block of ``doc`` whose first line names file ``name``."""
+    text = (ROOT / doc).read_text()
+    [code] = [c for c in _BLOCK.findall(text) if (m := _MODULE.match(c)) and m[1] == name]
+    return code
 
 
 @dataclass
@@ -118,7 +135,7 @@ def examples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Examples]:
             "SAGA_BROKER_URL": url,
             "SAGA_RESULT_BACKEND": url,
             "SAGA_DATABASE_URL": f"sqlite:///{directory / 'saga.db'}",
-            "PYTHONPATH": str(directory),
+            "PYTHONPATH": f"{directory}:{ROOT}",
             **model.environ(model_url),
         }
         worker = WorkerProcess(
@@ -156,3 +173,100 @@ def test_the_examples_of_a_doc_run_as_written(examples: Examples, doc: str) -> N
     assert set(states.values()) == {"completed"}, states
     if doc != "README.md" or len(scripts) > 1:
         assert len(examples.model.requests) > asked_before
+
+
+def quick_path() -> list[str]:
+    """The shell lines of the README's path for one's own project."""
+    text = (ROOT / "README.md").read_text()
+    found = _SHELL.search(text, text.index("**In your own project**"))
+    assert found is not None, "the README has no shell block for one's own project"
+    return [line for line in found[1].splitlines() if line.strip()]
+
+
+def test_the_readme_quick_path_runs_as_written_in_a_project_of_its_own(
+    examples: Examples, tmp_path: Path
+) -> None:
+    """The README's lines for one's own project, in a directory holding only its two files
+    (and ``billing``): ``pip install`` names one distribution (this checkout is what this
+    interpreter has installed, so it is not run); the ``export`` line's URL is swapped for a
+    private Redis (a database the other examples' worker does not read); the worker is started
+    by its line, unchanged, and the run by its line, which prints ``completed``."""
+    install, export, worker_line, run_line = quick_path()
+    assert re.fullmatch(r"pip install [\w.-]+", install.split("#")[0].strip()), install
+    assert export.startswith("export SAGA_REDIS_URL=redis://"), export
+    assert worker_line.startswith("celery -A myapp worker"), worker_line
+    assert run_line.startswith("python start.py"), run_line
+    for name in ("myapp", "start"):
+        (tmp_path / f"{name}.py").write_text(named_block("README.md", name))
+    (tmp_path / "billing.py").write_text(BILLING)
+    (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    url = examples.env["SAGA_REDIS_URL"].rsplit("/", 1)[0] + "/3"
+    variable, _, _ = export.removeprefix("export ").partition("=")
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": f"{tmp_path}:{ROOT}",
+    }
+    shell = f"export {variable}={url} && "
+    log = (tmp_path / "worker.out").open("wb")
+    worker = subprocess.Popen(
+        ["bash", "-c", shell + "exec " + worker_line],
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        # When the run's line runs (its step waits in the queue until the worker is up)
+        done = subprocess.run(
+            ["bash", "-c", shell + run_line],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        # Then it completed, on that worker
+        output = (tmp_path / "worker.out").read_text(errors="replace")[-3000:]
+        assert done.returncode == 0, f"{done.stdout}{done.stderr[-3000:]}\nworker:\n{output}"
+        assert done.stdout.strip() == "completed", done.stdout
+        assert worker.poll() is None, output
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(10)
+        log.close()
+
+
+def test_a_tools_worker_runs_with_no_model_key(examples: Examples, tmp_path: Path) -> None:
+    """The docs' agent modules make their model client on first use: a worker that only runs
+    tools imports them with no API key in its environment, and runs the README's tool."""
+    url = examples.env["SAGA_REDIS_URL"].rsplit("/", 1)[0] + "/1"
+    env = {k: v for k, v in examples.env.items() if not k.endswith("_API_KEY")}
+    env.update(SAGA_REDIS_URL=url, SAGA_BROKER_URL=url, SAGA_RESULT_BACKEND=url)
+    modules = [name for doc in DOCS for name, _ in blocks(doc) if name]
+    worker = WorkerProcess(
+        "myapp",
+        env=env,
+        extra_args=["--include", ",".join(modules[1:]), "-Q", "celery"],
+        cwd=examples.directory,
+        logfile=tmp_path / "tools-worker.log",
+    )
+    worker.env = env  # no key at all, inherited or not
+    with worker:
+        done = subprocess.run(
+            [sys.executable, "-c", named_block("README.md", "start")],
+            cwd=examples.directory,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "completed"

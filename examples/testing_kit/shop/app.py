@@ -65,6 +65,7 @@ app.config_from_object("saga.celery_defaults")
 saga = Saga(app, tools)
 saga.agent(
     "checkout",
-    ChatModelPolicy(OpenAI(max_retries=0), "gpt-4o-mini", "openai_chat"),
+    # Made by the turn worker on its first model call: importing this module needs no key.
+    ChatModelPolicy.lazy(lambda: OpenAI(max_retries=0), "gpt-4o-mini", "openai_chat"),
     tools=["reserve_stock", "charge_card", "send_receipt"],
 )

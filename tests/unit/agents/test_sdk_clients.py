@@ -6,6 +6,7 @@ of the failures.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -246,3 +247,37 @@ def test_no_response_at_all_is_retryable(
 
     assert (failed.value.status, failed.value.retryable) == (None, True)
     assert type(failed.value.__cause__).__name__ == sdk_error
+
+
+def test_a_lazy_policy_makes_its_client_on_the_first_model_call_only(
+    fmt: ModelFormat, server: ModelServer
+) -> None:
+    """ChatModelPolicy.lazy: declaring the agent makes no client (a process that never asks
+    the model needs no key); the first call makes it, once, for every thread; a factory that
+    raises (no key) raises as itself, not as a model error, and the next call tries again."""
+    made: list[Any] = []
+    failures = [RuntimeError("no API key in this process")]
+
+    def make() -> Any:
+        if failures:
+            raise failures.pop()
+        made.append(make_client(fmt, server))
+        return made[-1]
+
+    policy = ChatModelPolicy.lazy(make, MODEL[fmt], fmt, system=SYSTEM)
+    assert made == [] and "ChatModelPolicy" in repr(policy)
+
+    with pytest.raises(RuntimeError, match="no API key"):
+        policy(started(), TOOLS)
+    server.queue(exchange(fmt, "final_answer"), exchange(fmt, "final_answer"))
+    with ThreadPoolExecutor(2) as pool:
+        turns = list(pool.map(lambda _: policy(started(), TOOLS), range(2)))
+
+    assert len(made) == 1 and policy.client is made[0]
+    assert all(not turn.calls and turn.text for turn in turns)
+    assert server.bodies[0]["model"] == MODEL[fmt]
+
+
+def test_a_lazy_policy_needs_a_factory() -> None:
+    with pytest.raises(TypeError, match="a function that makes the SDK client"):
+        ChatModelPolicy.lazy(object(), "gpt-4o", "openai_chat")
