@@ -8,6 +8,7 @@ Redis while SQL still says escalated).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -25,6 +26,9 @@ from saga.escalations.document import iso_datetime
 from saga.picture import RunPicture
 from saga.records import EscalationRecord, RecordStore
 from saga.stack import RunStore
+from saga.validation import generation_of, parse_escalation_id
+
+logger = logging.getLogger("saga.queries")
 
 
 def _timestamp(value: datetime | None) -> float | None:
@@ -67,8 +71,8 @@ def escalation_doc(
     """The package of ``escalation_id``: from its record, or from the run's picture when the
     run escalated and its record is not written yet. ``store`` None: Redis is not read."""
     record = find_escalation(records, escalation_id)
-    run_id = record.run_id if record else escalation_id.rpartition(":")[0]
-    picture: RunPicture | None = store.picture(run_id) if store is not None and run_id else None
+    run_id = record.run_id if record else parse_escalation_id(escalation_id)[0]
+    picture = _readable_picture(store, run_id, reaper=generation_of(escalation_id) is None)
     if record is None:
         matches = (
             picture is not None
@@ -83,6 +87,20 @@ def escalation_doc(
     if store is None:
         package["run"]["redis_unreachable"] = True
     return package
+
+
+def _readable_picture(store: RunStore | None, run_id: str, *, reaper: bool) -> RunPicture | None:
+    """The run's picture; for the reaper's escalation, None when its keys cannot be read:
+    that is what the reaper escalated, and its record says why (the keys are for a person)."""
+    if store is None:
+        return None
+    try:
+        return store.picture(run_id)
+    except (ValueError, KeyError, TypeError) as exc:
+        if not reaper:
+            raise
+        logger.warning("run %s: keys unreadable (%s): its escalation from the records", run_id, exc)
+        return None
 
 
 def escalation_rows(

@@ -55,6 +55,9 @@ from saga.records.rows import (
     step_rows,
     transcript_row,
 )
+from saga.records.rows import (
+    escalation_id as escalation_id_of,
+)
 
 logger = logging.getLogger("saga.records")
 
@@ -172,7 +175,7 @@ class RecordStore:
         """Escalate a run the reaper could not read or resolve (bad data in its keys, a bug):
         a person must look, and the other runs go on being reaped."""
         record = EscalationRecord(
-            escalation_id=f"{run_id}:reaper",
+            escalation_id=escalation_id_of(run_id, None),
             run_id=run_id,
             reason="the reaper could not handle this run",
             cause=problem,
