@@ -33,8 +33,9 @@ from saga.web.context import WebContext
 
 logger = logging.getLogger("saga.web")
 
-#: Running runs looked at, at most, for the list of calls awaiting approval.
-APPROVALS_SCAN = 200
+#: The newest running runs also read for calls awaiting approval (those asked before
+#: ``RunStore.awaiting_approval`` indexed them).
+_NEWEST = 200
 #: The commands an escalation package suggests, as the server would run them.
 _COMMAND = "saga"
 
@@ -132,19 +133,26 @@ def decide(
 
 
 def pending_approvals(ctx: WebContext, run_id: str | None = None) -> list[dict[str, Any]]:
-    """Calls awaiting a person, of one run or of the newest running runs."""
+    """Calls awaiting a person, of one run or of every running run, longest waiting first:
+    read off the index of runs that asked (``RunStore.awaiting_approval``), however many
+    runs are newer; a run of the index that no longer runs leaves it here. The newest
+    running runs are read too, for requests made before the index existed."""
     if run_id is not None:
         return [{"run_id": run_id, **a} for a in the_agent(ctx, run_id)["pending_approvals"]]
-    page = page_of_runs(ctx.store, None, RunFilter(states=("running",), limit=APPROVALS_SCAN))
+    asked = ctx.store.awaiting_approval()
+    newest = page_of_runs(ctx.store, None, RunFilter(states=("running",), limit=_NEWEST))
+    indexed = set(asked)
+    asked += [row.run_id for row in newest.rows if row.agent and row.run_id not in indexed]
     found = []
-    for row in page.rows:
-        if not row.agent:
+    for one in asked:
+        picture = ctx.store.picture(one)
+        if picture is None or picture.state is not RunState.RUNNING:
+            if one in indexed:
+                ctx.store.done_awaiting(one)  # an ended run never runs again
             continue
-        picture = ctx.store.picture(row.run_id)
-        if picture is None:
-            continue
-        for approval in status_of(picture).pending_approvals:
-            found.append({"run_id": row.run_id, "agent": row.agent, **approval})
+        status = status_of(picture)
+        for approval in status.pending_approvals:
+            found.append({"run_id": one, "agent": status.agent, **approval})
     return found
 
 
