@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
+from sqlalchemy import event
+from sqlalchemy.pool import Pool
 
 from saga import RunState
 from saga.cli.main import cli
@@ -341,3 +343,30 @@ def test_two_creates_of_one_name_at_once_make_one_live_token(web: Web) -> None:
         tokens.revoke(web.saga.records, name)
         tokens.create(web.saga.records, name, "read")
         tokens.revoke(web.saga.records, name)
+
+
+# -- readiness -------------------------------------------------------------------------------
+
+
+def test_readiness_probes_share_one_check_over_the_records_pool(web: Web) -> None:
+    """Twenty anonymous probes at once, after one: each answers ready, no new database
+    connection is opened (the records' pool serves the schema check), and Redis is pinged
+    far fewer times than probed (one check in flight, its answer shared)."""
+    opened: list[object] = []
+
+    def count(connection: object, record: object) -> None:
+        opened.append(connection)
+
+    pings = web.saga.store.client
+    with web.client() as client:
+        assert client.get("/health/ready").status_code == 200
+        before = int(pings.info("commandstats").get("cmdstat_ping", {}).get("calls", 0))
+        event.listen(Pool, "connect", count)
+        try:
+            answers = at_once(20, lambda: client.get("/health/ready"))
+        finally:
+            event.remove(Pool, "connect", count)
+        after = int(pings.info("commandstats").get("cmdstat_ping", {}).get("calls", 0))
+    assert [a.status_code for a in answers] == [200] * 20, answers
+    assert opened == []
+    assert after - before <= 10, after - before
