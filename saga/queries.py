@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -29,12 +29,6 @@ from saga.stack import RunStore
 from saga.validation import generation_of, parse_escalation_id
 
 logger = logging.getLogger("saga.queries")
-
-
-def _timestamp(value: datetime | None) -> float | None:
-    if value is None:
-        return None
-    return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
 
 
 # -- one run, one escalation -------------------------------------------------------------------
@@ -104,12 +98,24 @@ def _readable_picture(store: RunStore | None, run_id: str, *, reaper: bool) -> R
 
 
 def escalation_rows(
-    records: RecordStore, *, open_only: bool, run_id: str | None, since: float | None
+    records: RecordStore,
+    *,
+    open_only: bool,
+    run_id: str | None,
+    since: float | None,
+    limit: int | None = None,
+    offset: int = 0,
 ) -> Sequence[EscalationRecord]:
-    rows = records.escalations(run_id=run_id, open_only=open_only)
-    if since is not None:
-        rows = [r for r in rows if (_timestamp(r.created_at) or 0) >= since]
-    return cast(Sequence[EscalationRecord], sorted(rows, key=lambda r: r.created_at, reverse=True))
+    """Escalations newest first, ``limit`` of them from ``offset`` (the database cuts)."""
+    moment = None if since is None else datetime.fromtimestamp(since, UTC)
+    return records.escalations(
+        run_id=run_id,
+        open_only=open_only,
+        since=moment,
+        newest_first=True,
+        limit=limit,
+        offset=offset,
+    )
 
 
 def escalation_summary(row: EscalationRecord) -> dict[str, Any]:

@@ -289,13 +289,29 @@ class RecordStore:
             return session.get(EscalationRecord, escalation_id)
 
     def escalations(
-        self, run_id: str | None = None, open_only: bool = False
+        self,
+        run_id: str | None = None,
+        open_only: bool = False,
+        *,
+        since: datetime | None = None,
+        newest_first: bool = False,
+        limit: int | None = None,
+        offset: int = 0,
     ) -> list[EscalationRecord]:
-        query = select(EscalationRecord).order_by(EscalationRecord.created_at)
+        """Escalations oldest first (``newest_first``: the other way), ``since`` a moment,
+        ``limit`` rows from ``offset``: ordered and cut in SQL, so a short page costs the
+        page, not the whole history."""
+        order = (EscalationRecord.created_at, EscalationRecord.escalation_id)
+        query = select(EscalationRecord).order_by(
+            *(column.desc() for column in order) if newest_first else order
+        )
         if run_id is not None:
             query = query.where(EscalationRecord.run_id == run_id)
         if open_only:
             query = query.where(EscalationRecord.resolved.is_(False))
+        if since is not None:
+            query = query.where(EscalationRecord.created_at >= since)
+        query = query.offset(offset).limit(limit)
         with Session(self.engine, expire_on_commit=False) as session:
             return list(session.scalars(query))
 

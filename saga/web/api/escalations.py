@@ -32,8 +32,9 @@ def list_escalations(
         open_only=not all,
         run_id=run_id,
         since=since.timestamp() if since else None,
+        limit=limit,
     )
-    return {"escalations": [escalation_summary(r) for r in rows[:limit]]}
+    return {"escalations": [escalation_summary(r) for r in rows]}
 
 
 @router.get("/{escalation_id}")

@@ -370,3 +370,38 @@ def test_readiness_probes_share_one_check_over_the_records_pool(web: Web) -> Non
     assert [a.status_code for a in answers] == [200] * 20, answers
     assert opened == []
     assert after - before <= 10, after - before
+
+
+# -- listings cut in SQL ---------------------------------------------------------------------
+
+
+def test_the_escalation_listing_is_ordered_and_cut_by_the_database(web: Web) -> None:
+    """Three escalations one after another: ``limit=2`` answers the two newest, ``since`` the
+    ones at or after a moment, and the statement the database ran carries the LIMIT (the cost
+    of a short page is the page, not the whole history)."""
+    made = []
+    for _ in range(3):
+        run = web.saga.start_run()
+        web.saga.records.record_unreadable(run.run_id, "a test's unreadable run")
+        made.append(f"{run.run_id}:reaper")
+    newest = web.saga.records.escalation(made[-1])
+    assert newest is not None
+    statements: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        statements.append(statement)
+
+    client = web.client(web.read_token)
+    engine = web.saga.records.engine
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        page = client.get("/api/escalations", params={"limit": 2}).json()["escalations"]
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    since = client.get("/api/escalations", params={"since": newest.created_at.isoformat()})
+    assert [e["escalation_id"] for e in page] == [made[2], made[1]]
+    assert made[2] in [e["escalation_id"] for e in since.json()["escalations"]]
+    assert made[1] not in [e["escalation_id"] for e in since.json()["escalations"]]
+    assert any("LIMIT" in s.upper() and "saga_escalations" in s for s in statements), statements
+    for escalation in made:
+        web.saga.records.resolve_escalation(escalation, "a test's", "test")
