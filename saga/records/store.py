@@ -300,7 +300,11 @@ class RecordStore:
     ) -> list[EscalationRecord]:
         """Escalations oldest first (``newest_first``: the other way), ``since`` a moment,
         ``limit`` rows from ``offset``: ordered and cut in SQL, so a short page costs the
-        page, not the whole history."""
+        page, not the whole history.
+
+        ``open_only``: those awaiting a person. One a requeue acted on awaits nobody: its run
+        unwinds again, and the run's next record closes it (compensated, or superseded by the
+        next escalation), so it is not among them meanwhile."""
         order = (EscalationRecord.created_at, EscalationRecord.escalation_id)
         query = select(EscalationRecord).order_by(
             *(column.desc() for column in order) if newest_first else order
@@ -308,7 +312,11 @@ class RecordStore:
         if run_id is not None:
             query = query.where(EscalationRecord.run_id == run_id)
         if open_only:
-            query = query.where(EscalationRecord.resolved.is_(False))
+            requeued = select(ActionRecord.action_id).where(
+                ActionRecord.kind == "requeue",
+                ActionRecord.escalation_id == EscalationRecord.escalation_id,
+            )
+            query = query.where(EscalationRecord.resolved.is_(False), ~requeued.exists())
         if since is not None:
             query = query.where(EscalationRecord.created_at >= since)
         query = query.offset(offset).limit(limit)

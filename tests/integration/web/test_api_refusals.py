@@ -30,6 +30,7 @@ from saga.settings import Settings
 from saga.testing import RedisServer
 from saga.web import create_app, tokens
 from saga.web.settings import WebSettings
+from tasks import systems
 from tests.integration.helpers import wait_until
 from tests.integration.test_operations import at_once
 from tests.integration.web.conftest import Web
@@ -267,26 +268,41 @@ def test_a_call_awaiting_approval_is_listed_behind_thousands_of_newer_runs(
 # -- a requeue under an old id ---------------------------------------------------------------
 
 
-def test_a_requeue_under_an_id_that_is_not_the_runs_current_one_is_a_409(
+def test_while_a_requeue_unwinds_its_escalation_is_not_open_nor_requeued_again(
     web: Web, fresh_world: None
 ) -> None:
-    """Requeued while billing is still down, the run unwinds again (generation 1): a requeue
-    under ``<run>:0`` is a 409 naming where the run stands, and requeues nothing."""
+    """Requeued while billing is still down and slow (each reversal takes 4 s to fail), the
+    run unwinds again: meanwhile its old escalation is not listed as open and the run page
+    shows no open escalation; a requeue under the old id is a 409 naming where the run
+    stands. Once it escalates again (generation 1), the old id still requeues nothing."""
     run_id = web.escalated_run()
     client = web.client(web.operate_token)
+    systems.set_delay("reversal", 4)
     first = client.post(f"/api/escalations/{run_id}:0/requeue", json={})
     assert first.status_code == 200, first.text
-    picture = web.saga.picture(run_id)
-    if picture.state is RunState.UNWINDING:  # the reversal retries on back-off meanwhile
-        old = client.post(f"/api/escalations/{run_id}:0/requeue", json={})
-        assert old.status_code == 409
-        assert "not the run's current one" in old.json()["message"], old.text
-    web.recorded(run_id, RunState.ESCALATED)
-    wait_until(lambda: web.saga.picture(run_id).generation == 1, timeout=30, what="generation 1")
+    # While the run unwinds again (its first reversal takes 4 s to fail)
+    listed = client.get("/api/escalations", params={"run_id": run_id}).json()["escalations"]
+    page = log_in(web, web.read_token).get(f"/console/runs/{run_id}")
     old = client.post(f"/api/escalations/{run_id}:0/requeue", json={})
+    assert web.saga.picture(run_id).state is RunState.UNWINDING
+    assert listed == []
+    assert page.status_code == 200
+    assert "Escalated:" not in page.text
     assert old.status_code == 409
+    assert "not the run's current one" in old.json()["message"], old.text
+    # Once it escalated again
+    systems.set_delay("reversal", 0)
+    wait_until(
+        lambda: web.saga.records.escalation(f"{run_id}:1") is not None,
+        timeout=60,
+        what="escalation 1 recorded",
+    )
+    again = client.post(f"/api/escalations/{run_id}:0/requeue", json={})
+    assert again.status_code == 409
     requeues = [a for a in web.saga.picture(run_id).actions if a["kind"] == "requeue"]
     assert len(requeues) == 1
+    listed = client.get("/api/escalations", params={"run_id": run_id}).json()["escalations"]
+    assert [e["escalation_id"] for e in listed] == [f"{run_id}:1"]
 
 
 # -- Redis down ------------------------------------------------------------------------------
