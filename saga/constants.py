@@ -18,6 +18,11 @@ AGENTS_KEY = f"{KEY_PREFIX}:agents"
 #: hash's ``created``): what a listing pages through, newest first. ``create.lua`` adds a run,
 #: the reaper drops it with the reaper's index once its keys are gone.
 CREATED_RUNS_KEY = f"{KEY_PREFIX}:created"
+#: Sorted set of the runs that asked a person about a call, scored by when they first did:
+#: what lists every call awaiting approval without reading the whole history. Added to before
+#: the request is written (so a waiting call is never missing from it); a run leaves it once
+#: it no longer runs (the listing drops it) or its keys are gone (``forget``).
+AWAITING_APPROVAL_KEY = f"{KEY_PREFIX}:awaiting-approval"
 #: When the beat-scheduled reaper last finished a pass (Redis clock): ``saga doctor`` reads it
 #: to tell that beat and a worker are alive.
 REAPER_PASS_KEY = f"{KEY_PREFIX}:reaper:last-pass"

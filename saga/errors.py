@@ -48,6 +48,10 @@ class InvalidRunIdError(SagaError):
     """A run id is not 1-128 characters of ``[A-Za-z0-9._-]`` starting with a letter or digit."""
 
 
+class InvalidEscalationIdError(InvalidRunIdError):
+    """An escalation id is not ``<run_id>:<generation>`` nor the reaper's ``<run_id>:reaper``."""
+
+
 class InvalidRunOptionError(SagaError):
     """An option of ``start_run`` (``deadline``, ``allow_reversible_after_pivot``) is invalid."""
 

@@ -46,6 +46,9 @@ _SCAN = 2000
 _BATCH = 500
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
+#: The first and last moments a datetime holds, as microseconds since the epoch.
+_FIRST_US = (datetime.min.replace(tzinfo=UTC) - _EPOCH) // _MICRO
+_LAST_US = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // _MICRO
 _HEAD_FIELDS = ["state", "reason", "created", "ended", "generation", "resolved", "version"]
 
 
@@ -69,7 +72,7 @@ class Position:
             position = cls(int(micros), run_id)
         except (ValueError, UnicodeDecodeError, binascii.Error):
             raise InvalidCursorError(f"cursor {cursor[:40]!r} is not one a listing gave") from None
-        if not run_id or position.created_us < 0:
+        if not run_id or not 0 <= position.created_us <= _LAST_US:
             raise InvalidCursorError(f"cursor {cursor[:40]!r} is not one a listing gave")
         return position
 
@@ -386,7 +389,8 @@ def _fresher(store: RunStore, rows: list[RunRow], where: RunFilter) -> list[RunR
 
 
 def _datetime(created_us: int) -> datetime:
-    return _EPOCH + created_us * _MICRO
+    # A bound past the calendar's ends (since 0001-01-01+14:00) is that end: nothing is older.
+    return _EPOCH + min(max(created_us, _FIRST_US), _LAST_US) * _MICRO
 
 
 def _timestamp(value: datetime) -> float:

@@ -8,9 +8,10 @@ Redis while SQL still says escalated).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -25,12 +26,9 @@ from saga.escalations.document import iso_datetime
 from saga.picture import RunPicture
 from saga.records import EscalationRecord, RecordStore
 from saga.stack import RunStore
+from saga.validation import generation_of, parse_escalation_id
 
-
-def _timestamp(value: datetime | None) -> float | None:
-    if value is None:
-        return None
-    return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+logger = logging.getLogger("saga.queries")
 
 
 # -- one run, one escalation -------------------------------------------------------------------
@@ -67,8 +65,8 @@ def escalation_doc(
     """The package of ``escalation_id``: from its record, or from the run's picture when the
     run escalated and its record is not written yet. ``store`` None: Redis is not read."""
     record = find_escalation(records, escalation_id)
-    run_id = record.run_id if record else escalation_id.rpartition(":")[0]
-    picture: RunPicture | None = store.picture(run_id) if store is not None and run_id else None
+    run_id = record.run_id if record else parse_escalation_id(escalation_id)[0]
+    picture = _readable_picture(store, run_id, reaper=generation_of(escalation_id) is None)
     if record is None:
         matches = (
             picture is not None
@@ -85,13 +83,39 @@ def escalation_doc(
     return package
 
 
+def _readable_picture(store: RunStore | None, run_id: str, *, reaper: bool) -> RunPicture | None:
+    """The run's picture; for the reaper's escalation, None when its keys cannot be read:
+    that is what the reaper escalated, and its record says why (the keys are for a person)."""
+    if store is None:
+        return None
+    try:
+        return store.picture(run_id)
+    except (ValueError, KeyError, TypeError) as exc:
+        if not reaper:
+            raise
+        logger.warning("run %s: keys unreadable (%s): its escalation from the records", run_id, exc)
+        return None
+
+
 def escalation_rows(
-    records: RecordStore, *, open_only: bool, run_id: str | None, since: float | None
+    records: RecordStore,
+    *,
+    open_only: bool,
+    run_id: str | None,
+    since: float | None,
+    limit: int | None = None,
+    offset: int = 0,
 ) -> Sequence[EscalationRecord]:
-    rows = records.escalations(run_id=run_id, open_only=open_only)
-    if since is not None:
-        rows = [r for r in rows if (_timestamp(r.created_at) or 0) >= since]
-    return cast(Sequence[EscalationRecord], sorted(rows, key=lambda r: r.created_at, reverse=True))
+    """Escalations newest first, ``limit`` of them from ``offset`` (the database cuts)."""
+    moment = None if since is None else datetime.fromtimestamp(since, UTC)
+    return records.escalations(
+        run_id=run_id,
+        open_only=open_only,
+        since=moment,
+        newest_first=True,
+        limit=limit,
+        offset=offset,
+    )
 
 
 def escalation_summary(row: EscalationRecord) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from redis.exceptions import NoScriptError
 from saga import payload
 from saga.constants import (
     ACTIVE_RUNS_KEY,
+    AWAITING_APPROVAL_KEY,
     CREATED_RUNS_KEY,
     REAPER_PASS_KEY,
     agent_key,
@@ -287,7 +288,18 @@ class RunStore:
         with reachable("forget"), self.client.pipeline(transaction=True) as pipe:
             pipe.zrem(ACTIVE_RUNS_KEY, run_id)
             pipe.zrem(CREATED_RUNS_KEY, run_id)
+            pipe.zrem(AWAITING_APPROVAL_KEY, run_id)
             pipe.execute()
+
+    def awaiting_approval(self) -> list[str]:
+        """The runs that asked a person about a call and may still be waiting, oldest first."""
+        with _reachable("awaiting_approval"):
+            return cast(list[str], self.client.zrange(AWAITING_APPROVAL_KEY, 0, -1))
+
+    def done_awaiting(self, run_id: str) -> None:
+        """The run no longer runs, so no call of it awaits a person any more."""
+        with _reachable("done_awaiting"):
+            self.client.zrem(AWAITING_APPROVAL_KEY, run_id)
 
     # -- forward path ---------------------------------------------------------------------
 
@@ -543,7 +555,10 @@ class RunStore:
 
     def request_approval(self, run_id: str, marker: str, request_json: str) -> bool:
         """Ask a person about the call ``marker`` (stamped with the Redis clock); first
-        writer wins."""
+        writer wins. Indexed first (``AWAITING_APPROVAL_KEY``): a request the index missed
+        would be listed nowhere but on its run."""
+        with _reachable("request_approval"):
+            self.client.zadd(AWAITING_APPROVAL_KEY, {run_id: self.now()}, nx=True)
         return self._call("request_approval", run_id, marker, request_json).status == "ok"
 
     def expire_approval(self, run_id: str, marker: str, message: str) -> Outcome:

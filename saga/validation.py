@@ -14,7 +14,12 @@ from __future__ import annotations
 import math
 import re
 
-from saga.errors import InvalidRunIdError, InvalidRunOptionError, InvalidTextError
+from saga.errors import (
+    InvalidEscalationIdError,
+    InvalidRunIdError,
+    InvalidRunOptionError,
+    InvalidTextError,
+)
 
 #: The records' ``run_id`` columns are sized for it (``saga.records``).
 RUN_ID_MAX_LENGTH = 128
@@ -44,6 +49,49 @@ def check_run_id(run_id: object) -> str:
     if not _RUN_ID_START.fullmatch(run_id[0]):
         raise InvalidRunIdError(f"run id {shown} must start with a letter or a digit")
     return run_id
+
+
+#: The suffix of the reaper's own escalation of a run it could not read or resolve
+#: (``<run>:reaper``): it concludes no unwind, so it names no generation.
+REAPER_ESCALATION = "reaper"
+#: A generation: the run's requeue count, digits only (``str.isdigit`` would take "²").
+_GENERATION = re.compile(r"[0-9]{1,18}")
+
+
+def parse_escalation_id(escalation_id: object) -> tuple[str, int | None]:
+    """``(run_id, generation)`` of ``<run_id>:<generation>``, or ``(run_id, None)`` for the
+    reaper's ``<run_id>:reaper``: the one reading of an escalation id, for every surface, so
+    an id one of them lists is an id the others open. ``InvalidEscalationIdError`` otherwise."""
+    if not isinstance(escalation_id, str):
+        raise InvalidEscalationIdError(
+            f"an escalation id must be a string, got {type(escalation_id).__name__}"
+        )
+    run_id, colon, suffix = escalation_id.rpartition(":")
+    shown = repr(escalation_id if len(escalation_id) <= 60 else escalation_id[:60] + "...")
+    if not colon or not (suffix == REAPER_ESCALATION or _GENERATION.fullmatch(suffix)):
+        raise InvalidEscalationIdError(
+            f"escalation id {shown} is not <run_id>:<generation> (digits) or "
+            f"<run_id>:{REAPER_ESCALATION}"
+        )
+    try:
+        check_run_id(run_id)
+    except InvalidRunIdError as exc:
+        raise InvalidEscalationIdError(f"escalation id {shown}: {exc}") from None
+    return run_id, None if suffix == REAPER_ESCALATION else int(suffix)
+
+
+def generation_of(escalation_id: str) -> int | None:
+    """The generation an escalation id names; None for the reaper's (or an unreadable) id."""
+    try:
+        return parse_escalation_id(escalation_id)[1]
+    except InvalidEscalationIdError:
+        return None
+
+
+def check_escalation_id(escalation_id: object) -> str:
+    """``escalation_id`` if ``parse_escalation_id`` reads it."""
+    parse_escalation_id(escalation_id)
+    return str(escalation_id)
 
 
 def check_deadline(deadline: object) -> float:
@@ -77,6 +125,8 @@ def check_flag(name: str, value: object) -> bool:
 NAME_MAX_LENGTH = 200
 #: Notes and reasons a person or an app writes: unbounded columns, bounded here all the same.
 TEXT_MAX_LENGTH = 10_000
+#: A reason given for an abort or a denial (its ``(by <name>)`` suffix included).
+REASON_MAX_LENGTH = 2000
 #: An agent's name: what ``saga.agent(...)`` accepts, and what a web app may enqueue.
 AGENT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 

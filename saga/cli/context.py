@@ -236,6 +236,17 @@ def parse_since(
     return moment.timestamp()
 
 
+def parse_escalation_id(ctx: click.Context | None, param: Any, value: str) -> str:
+    """An escalation ``ID`` argument, read as the API reads it (``saga.validation``)."""
+    from saga.errors import InvalidRunIdError
+    from saga.validation import check_escalation_id
+
+    try:
+        return check_escalation_id(value)
+    except InvalidRunIdError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
 def parse_assignment(text: str) -> tuple[int, str, Any]:
     """``STEP.ARG=VALUE`` → (step, argument, value); the value is JSON when it parses as JSON
     (``100``, ``true``, ``"x"``, ``{"a": 1}``), else the text as it is."""

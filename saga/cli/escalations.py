@@ -6,7 +6,7 @@ import inspect
 
 import click
 
-from saga.cli.context import Env, emit_json, not_found, parse_since
+from saga.cli.context import Env, emit_json, not_found, parse_escalation_id, parse_since
 
 
 def corrections_supported() -> bool:
@@ -72,7 +72,7 @@ def escalation() -> None:
 
 
 @escalation.command("show")
-@click.argument("escalation_id", metavar="ID")
+@click.argument("escalation_id", metavar="ID", callback=parse_escalation_id)
 @click.option("--markdown", "fmt", flag_value="markdown", help="Markdown, to paste in a ticket.")
 @click.option("--json", "fmt", flag_value="json", help="The package (schema version 1).")
 @click.pass_obj

@@ -21,6 +21,7 @@ from saga.cli.context import (
     corrections_from,
     emit_json,
     not_found,
+    parse_escalation_id,
 )
 from saga.cli.escalations import accepts
 from saga.errors import (
@@ -144,7 +145,7 @@ def _say(env: Env, as_json: bool, result: dict[str, object], text: str) -> None:
 
 
 @click.command()
-@click.argument("escalation_id", metavar="ID")
+@click.argument("escalation_id", metavar="ID", callback=parse_escalation_id)
 @click.option("--note", required=True, help="What was done about it (kept with the record).")
 @by_option
 @click.option("--json", "as_json", is_flag=True, help="JSON for scripts.")

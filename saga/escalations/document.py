@@ -27,6 +27,7 @@ from saga.escalations.schema import (
 from saga.model import CompensationState, RunState, StepState, ToolClass
 from saga.picture import CompensationRecord, RunPicture
 from saga.rules import not_undone
+from saga.validation import generation_of
 
 if TYPE_CHECKING:
     from saga.records import EscalationRecord, RunRecord
@@ -293,8 +294,3 @@ def _inferred(step: int, undo: UndoDoc | None, done: bool) -> CompensationDoc:
 def run_json(doc: RunDoc) -> RunJsonDoc:
     """A run document as ``saga show RUN --json`` prints it: versioned like the package."""
     return cast(RunJsonDoc, {"schema_version": SCHEMA_VERSION, "kind": "saga.run", **doc})
-
-
-def generation_of(escalation_id: str) -> int | None:
-    suffix = escalation_id.rpartition(":")[2]
-    return int(suffix) if suffix.isdigit() else None

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from saga.escalations.document import (
     failed_from_record,
-    generation_of,
     iso,
     iso_datetime,
     live_docs,
@@ -32,6 +31,7 @@ from saga.escalations.schema import (
 from saga.model import RunState, StepState
 from saga.picture import RunPicture
 from saga.rules import REASON_AFTER_PIVOT, REASON_COMPENSATION_FAILED
+from saga.validation import generation_of
 
 if TYPE_CHECKING:
     from saga.records import EscalationRecord, RunRecord

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String, Text, text
+from sqlalchemy import JSON, Boolean, DateTime, Float, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from saga.validation import RUN_ID_MAX_LENGTH
@@ -206,6 +206,16 @@ class ApiTokenRecord(Base):
     is looked up by before its digest is compared in constant time."""
 
     __tablename__ = "saga_api_tokens"
+    #: One live token per name (migration 0004): the ``by`` of an action names one holder.
+    __table_args__ = (
+        Index(
+            "ux_saga_api_tokens_live_name",
+            "name",
+            unique=True,
+            postgresql_where=text("revoked_at IS NULL"),
+            sqlite_where=text("revoked_at IS NULL"),
+        ),
+    )
 
     token_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     digest: Mapped[str] = mapped_column(String(64))

@@ -27,6 +27,8 @@ from saga.records.models import (
     RunStepRecord,
 )
 from saga.rules import not_undone
+from saga.validation import REAPER_ESCALATION
+from saga.validation import generation_of as generation_of  # the one reading, re-exported
 
 
 def when(timestamp: float | None) -> datetime | None:
@@ -40,15 +42,9 @@ def timestamp(moment: datetime | None) -> float | None:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def escalation_id(run_id: str, generation: int) -> str:
-    return f"{run_id}:{generation}"
-
-
-def generation_of(escalation: str) -> int | None:
-    """The generation an escalation id names; None for one the saga did not conclude (the
-    reaper's ``<run>:reaper``)."""
-    suffix = escalation.rpartition(":")[2]
-    return int(suffix) if suffix.isdigit() else None
+def escalation_id(run_id: str, generation: int | None) -> str:
+    """The id of the run's escalation of ``generation``; None: the reaper's own."""
+    return f"{run_id}:{REAPER_ESCALATION if generation is None else generation}"
 
 
 #: A step's fields, in order, as its JSON in the run's row holds them.

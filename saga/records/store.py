@@ -55,6 +55,9 @@ from saga.records.rows import (
     step_rows,
     transcript_row,
 )
+from saga.records.rows import (
+    escalation_id as escalation_id_of,
+)
 
 logger = logging.getLogger("saga.records")
 
@@ -172,7 +175,7 @@ class RecordStore:
         """Escalate a run the reaper could not read or resolve (bad data in its keys, a bug):
         a person must look, and the other runs go on being reaped."""
         record = EscalationRecord(
-            escalation_id=f"{run_id}:reaper",
+            escalation_id=escalation_id_of(run_id, None),
             run_id=run_id,
             reason="the reaper could not handle this run",
             cause=problem,
@@ -286,13 +289,37 @@ class RecordStore:
             return session.get(EscalationRecord, escalation_id)
 
     def escalations(
-        self, run_id: str | None = None, open_only: bool = False
+        self,
+        run_id: str | None = None,
+        open_only: bool = False,
+        *,
+        since: datetime | None = None,
+        newest_first: bool = False,
+        limit: int | None = None,
+        offset: int = 0,
     ) -> list[EscalationRecord]:
-        query = select(EscalationRecord).order_by(EscalationRecord.created_at)
+        """Escalations oldest first (``newest_first``: the other way), ``since`` a moment,
+        ``limit`` rows from ``offset``: ordered and cut in SQL, so a short page costs the
+        page, not the whole history.
+
+        ``open_only``: those awaiting a person. One a requeue acted on awaits nobody: its run
+        unwinds again, and the run's next record closes it (compensated, or superseded by the
+        next escalation), so it is not among them meanwhile."""
+        order = (EscalationRecord.created_at, EscalationRecord.escalation_id)
+        query = select(EscalationRecord).order_by(
+            *(column.desc() for column in order) if newest_first else order
+        )
         if run_id is not None:
             query = query.where(EscalationRecord.run_id == run_id)
         if open_only:
-            query = query.where(EscalationRecord.resolved.is_(False))
+            requeued = select(ActionRecord.action_id).where(
+                ActionRecord.kind == "requeue",
+                ActionRecord.escalation_id == EscalationRecord.escalation_id,
+            )
+            query = query.where(EscalationRecord.resolved.is_(False), ~requeued.exists())
+        if since is not None:
+            query = query.where(EscalationRecord.created_at >= since)
+        query = query.offset(offset).limit(limit)
         with Session(self.engine, expire_on_commit=False) as session:
             return list(session.scalars(query))
 

@@ -16,6 +16,7 @@ from typing import Any
 from saga.client import status_of
 from saga.errors import (
     EscalationResolvedError,
+    NothingToRequeueError,
     PayloadError,
     RunExistsError,
     UnknownEscalationError,
@@ -24,14 +25,17 @@ from saga.errors import (
 from saga.escalations import EscalationDoc, RunDoc, run_json
 from saga.escalations.schema import RunJsonDoc
 from saga.listing import RunFilter, page_of_runs
+from saga.model import RunState
 from saga.queries import escalation_doc, find_escalation, hosted_doc, run_doc
 from saga.records import EscalationRecord
+from saga.validation import REASON_MAX_LENGTH, parse_escalation_id
 from saga.web.context import WebContext
 
 logger = logging.getLogger("saga.web")
 
-#: Running runs looked at, at most, for the list of calls awaiting approval.
-APPROVALS_SCAN = 200
+#: The newest running runs also read for calls awaiting approval (those asked before
+#: ``RunStore.awaiting_approval`` indexed them).
+_NEWEST = 200
 #: The commands an escalation package suggests, as the server would run them.
 _COMMAND = "saga"
 
@@ -94,9 +98,18 @@ def _same_body(ctx: WebContext, run_id: str, agent: str, input: str) -> None:
 
 def abort(ctx: WebContext, run_id: str, reason: str, by: str) -> RunJsonDoc:
     """Stop the run: its reason says who (``aborted: <reason> (by <name>)``)."""
-    ctx.client.abort_run(run_id, f"{reason} (by {by})")
+    ctx.client.abort_run(run_id, signed(reason, by))
     logger.warning("run %s: aborted by %r: %s", run_id, by, reason)
     return the_run(ctx, run_id)
+
+
+def signed(reason: str, by: str, limit: int = REASON_MAX_LENGTH) -> str:
+    """``<reason> (by <name>)`` within ``limit``: a reason the API accepted is never refused
+    for the name added to it; one too long for both is cut short, with "…" to say so."""
+    suffix = f" (by {by})"
+    if len(reason) + len(suffix) <= limit:
+        return reason + suffix
+    return reason[: max(0, limit - len(suffix) - 1)] + "…" + suffix
 
 
 def decide(
@@ -120,19 +133,26 @@ def decide(
 
 
 def pending_approvals(ctx: WebContext, run_id: str | None = None) -> list[dict[str, Any]]:
-    """Calls awaiting a person, of one run or of the newest running runs."""
+    """Calls awaiting a person, of one run or of every running run, longest waiting first:
+    read off the index of runs that asked (``RunStore.awaiting_approval``), however many
+    runs are newer; a run of the index that no longer runs leaves it here. The newest
+    running runs are read too, for requests made before the index existed."""
     if run_id is not None:
         return [{"run_id": run_id, **a} for a in the_agent(ctx, run_id)["pending_approvals"]]
-    page = page_of_runs(ctx.store, None, RunFilter(states=("running",), limit=APPROVALS_SCAN))
+    asked = ctx.store.awaiting_approval()
+    newest = page_of_runs(ctx.store, None, RunFilter(states=("running",), limit=_NEWEST))
+    indexed = set(asked)
+    asked += [row.run_id for row in newest.rows if row.agent and row.run_id not in indexed]
     found = []
-    for row in page.rows:
-        if not row.agent:
+    for one in asked:
+        picture = ctx.store.picture(one)
+        if picture is None or picture.state is not RunState.RUNNING:
+            if one in indexed:
+                ctx.store.done_awaiting(one)  # an ended run never runs again
             continue
-        picture = ctx.store.picture(row.run_id)
-        if picture is None:
-            continue
-        for approval in status_of(picture).pending_approvals:
-            found.append({"run_id": row.run_id, "agent": row.agent, **approval})
+        status = status_of(picture)
+        for approval in status.pending_approvals:
+            found.append({"run_id": one, "agent": status.agent, **approval})
     return found
 
 
@@ -147,13 +167,29 @@ def requeue(
     ctx: WebContext, escalation_id: str, corrections: Mapping[int, Mapping[str, Any]], by: str
 ) -> int:
     """Run the escalation's failed undos again (corrected first): ``saga requeue``. Refused
-    (409) unless it is the run's open escalation; of two at once, one runs and the other is
-    refused by ``saga.operations``' fence."""
+    (409) unless it is the run's open escalation, the one its keys (or, expired, its record)
+    stand at: a requeue under an older id must not act on a newer generation's undos. Of
+    two at once, one runs and the other is refused by ``saga.operations``' fence."""
+    run_id, generation = parse_escalation_id(escalation_id)
+    if generation is None:
+        raise NothingToRequeueError(
+            f"escalation {escalation_id} is the reaper's: it could not read or resolve the run, "
+            "so no unwind concluded and there is no failed compensation to requeue; look at the "
+            "run's keys, then resolve it saying what was done"
+        )
     doc = the_escalation(ctx, escalation_id)
     if not doc["open"]:
         raise EscalationResolvedError(f"escalation {escalation_id} is closed: {doc['resolution']}")
+    current = ctx.store.picture(run_id) or ctx.records.picture(run_id)
+    if current is not None and (
+        current.state is not RunState.ESCALATED or current.generation != generation
+    ):
+        raise EscalationResolvedError(
+            f"escalation {escalation_id} is not the run's current one: run {run_id} is "
+            f"{current.state.value} at generation {current.generation}"
+        )
     saga = ctx.saga()
-    return saga.requeue_failed_compensations(doc["run_id"], corrections=corrections, by=by)
+    return saga.requeue_failed_compensations(run_id, corrections=corrections, by=by)
 
 
 def resolve(ctx: WebContext, escalation_id: str, note: str, by: str) -> EscalationRecord:

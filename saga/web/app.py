@@ -71,6 +71,9 @@ def create_app(
     app.add_exception_handler(RequestValidationError, pages.or_page(problems.on_validation_error))
     app.add_exception_handler(HTTPException, pages.or_page(problems.on_http_error))
     app.add_exception_handler(SagaError, pages.or_page(problems.on_saga_error))
+    for unavailable in problems.UNAVAILABLE:  # a dependency down is a 503, not a bug
+        app.add_exception_handler(unavailable, pages.or_page(problems.on_saga_error))
+    app.add_exception_handler(Exception, pages.or_page(problems.on_unexpected_error))
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(SecurityHeaders)
     return app
@@ -133,7 +136,8 @@ class BodyLimit:
         if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
             await self.app(scope, receive, send)
             return
-        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        # Latin-1, as HTTP defines header bytes: a stray non-UTF-8 byte is no reason to fail.
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.limit:
             await _refuse(send, 413, f"the body is over the limit of {self.limit} bytes")

@@ -3,12 +3,16 @@
     {"error": "conflict", "message": "escalation run-1:0 is closed: ...", "field": null}
 
 ``field`` names the input at fault (``body.reason``, ``query.cursor``, ``path.run_id``) when
-there is one. Saga's errors map to statuses here, in one table; nothing a refused request
-asked for has happened.
+there is one; the fields an error carries (``run_id``, ``state``, ``retryable``) come beside it.
+Saga's errors map to statuses here, in one table.
+
+A 503 says what does not answer, never how it failed: the cause's text (a host, a port) goes
+to the server's log, as does every 500's traceback.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import redis
@@ -24,6 +28,7 @@ from saga.errors import (
     InvalidCorrectionError,
     InvalidCursorError,
     InvalidRunIdError,
+    InvalidTextError,
     MessageNotSentError,
     NoAppError,
     OperationRefusedError,
@@ -37,6 +42,8 @@ from saga.errors import (
     UnknownEscalationError,
     UnknownRunError,
 )
+
+logger = logging.getLogger("saga.web")
 
 _WORDS = {
     400: "bad_request",
@@ -58,6 +65,7 @@ _STATUS: list[tuple[type[BaseException], int, str | None]] = [
     (UnknownAgentError, 404, None),
     (InvalidRunIdError, 422, None),
     (InvalidCursorError, 422, "query.cursor"),
+    (InvalidTextError, 422, None),
     (InvalidCorrectionError, 422, "body.corrections"),
     (PayloadError, 413, "body.input"),
     (TokenError, 422, None),
@@ -72,10 +80,27 @@ _STATUS: list[tuple[type[BaseException], int, str | None]] = [
 ]
 
 
+#: What a 503 says for a dependency that failed without a saga error of its own.
+_UNAVAILABLE: list[tuple[type[BaseException], str]] = [
+    (StoreUnavailableError, "Redis does not answer"),
+    (redis.RedisError, "Redis does not answer"),
+    (BrokerError, "the broker does not answer"),
+    (DatabaseError, "the records database does not answer"),
+]
+_SCALARS = (str, int, float, bool, type(None))
+#: The failures of a dependency that reach a route without a saga error around them.
+UNAVAILABLE: tuple[type[Exception], ...] = (redis.RedisError, BrokerError, DatabaseError)
+
+
 def problem(
-    status: int, message: str, field: str | None = None, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> JSONResponse:
-    body = {"error": _WORDS.get(status, "error"), "message": message, "field": field}
+    body = {**(extra or {}), "error": _WORDS.get(status, "error"), "message": message}
+    body["field"] = field
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -84,20 +109,42 @@ def status_of(exc: BaseException) -> tuple[int, str | None]:
     for kind, status, field in _STATUS:
         if isinstance(exc, kind):
             return status, field
-    if isinstance(exc, redis.RedisError | BrokerError | DatabaseError):
+    if isinstance(exc, UNAVAILABLE):
         return 503, None
     return 500, None
 
 
 def message_of(exc: BaseException) -> str:
     status, _ = status_of(exc)
-    if isinstance(exc, redis.RedisError):
-        return "Redis does not answer"
-    if isinstance(exc, BrokerError):
-        return "the broker does not answer"
-    if isinstance(exc, DatabaseError):
-        return "the records database does not answer"
-    return str(exc) if status != 500 else "internal error (see the server's log)"
+    if status == 500:
+        return "internal error (see the server's log)"
+    if status != 503:
+        return str(exc)
+    for kind, said in _UNAVAILABLE:
+        if isinstance(exc, kind):
+            return said
+    return _without_cause(str(exc), exc.__cause__)
+
+
+def _without_cause(message: str, cause: BaseException | None) -> str:
+    """Saga's words about what happened, without the text of the failure under it (it names
+    the broker's host and port, which the API does not tell its callers)."""
+    detail = str(cause) if cause is not None else ""
+    if not detail:
+        return message
+    for wrapped in (f" ({detail})", f": {detail}", detail):
+        message = message.replace(wrapped, "")
+    return message
+
+
+def fields_of(exc: BaseException) -> dict[str, Any]:
+    """The plain values an error carries (``RunEndedError.run_id``, ``.state``, ``retryable``):
+    a client branches on these rather than on the message's prose."""
+    return {
+        name: value
+        for name, value in vars(exc).items()
+        if not name.startswith("_") and isinstance(value, _SCALARS)
+    }
 
 
 def validation_field(errors: list[Any]) -> tuple[str, str]:
@@ -109,7 +156,25 @@ def validation_field(errors: list[Any]) -> tuple[str, str]:
 
 async def on_saga_error(request: Request, exc: Exception) -> JSONResponse:
     status, field = status_of(exc)
-    return problem(status, message_of(exc), field)
+    if status == 500:
+        logger.error("%s %s: unexpected error", request.method, request.url.path, exc_info=exc)
+    elif status == 503:
+        logger.warning("%s %s: %s", request.method, request.url.path, _detail(exc))
+    return problem(status, message_of(exc), field, extra=fields_of(exc))
+
+
+async def on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    """A bug: the caller gets the one JSON shape, the log the traceback (the server logs it
+    once more as the exception goes on up, as Starlette re-raises it)."""
+    if status_of(exc)[0] == 503:
+        return await on_saga_error(request, exc)
+    logger.error("%s %s: unexpected error", request.method, request.url.path, exc_info=exc)
+    return problem(500, message_of(exc))
+
+
+def _detail(exc: BaseException) -> str:
+    cause = f" (cause: {type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+    return f"{type(exc).__name__}: {exc}{cause}"
 
 
 async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -124,10 +189,13 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 __all__ = [
+    "UNAVAILABLE",
     "SagaError",
+    "fields_of",
     "message_of",
     "on_http_error",
     "on_saga_error",
+    "on_unexpected_error",
     "on_validation_error",
     "problem",
     "status_of",

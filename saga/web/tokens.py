@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from saga.errors import TokenError
@@ -102,14 +103,26 @@ def create(records: RecordStore, name: str, scope: Scope | str) -> tuple[str, To
         scope=scope.value,
         created_at=datetime.now(UTC),
     )
-    with Session(records.engine, expire_on_commit=False) as session, session.begin():
-        taken = select(ApiTokenRecord.token_id).where(
-            ApiTokenRecord.name == name, ApiTokenRecord.revoked_at.is_(None)
-        )
-        if session.execute(taken).first() is not None:
-            raise TokenError(f"a token named {name!r} exists: revoke it first, or pick another")
-        session.add(row)
+    try:
+        with Session(records.engine, expire_on_commit=False) as session, session.begin():
+            session.add(row)
+    except IntegrityError:
+        # The schema's unique index on live names (migration 0004): a check made before the
+        # INSERT would let two creates at once both pass it.
+        if not _taken(records, name):
+            raise
+        raise TokenError(
+            f"a token named {name!r} exists: revoke it first, or pick another"
+        ) from None
     return token, _info(row)
+
+
+def _taken(records: RecordStore, name: str) -> bool:
+    live = select(ApiTokenRecord.token_id).where(
+        ApiTokenRecord.name == name, ApiTokenRecord.revoked_at.is_(None)
+    )
+    with Session(records.engine) as session:
+        return session.execute(live).first() is not None
 
 
 def verify(records: RecordStore, token: str) -> TokenInfo | None:

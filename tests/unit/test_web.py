@@ -1,11 +1,24 @@
-"""The web surface's pure pieces: token names, the listing's cursor, the API's settings."""
+"""The web surface's pure pieces: token names, the listing's cursor, escalation ids, how an
+error answers, a reason signed with its author, the API's settings."""
 
 from __future__ import annotations
 
 import pytest
+import redis
 
-from saga.errors import ConfigurationError, InvalidCursorError, TokenError
+from saga.errors import (
+    ConfigurationError,
+    InvalidCursorError,
+    InvalidEscalationIdError,
+    InvalidTextError,
+    MessageNotSentError,
+    RunEndedError,
+    TokenError,
+)
 from saga.listing import Position
+from saga.validation import parse_escalation_id
+from saga.web.actions import signed
+from saga.web.problems import fields_of, message_of, status_of
 from saga.web.settings import WebSettings
 from saga.web.tokens import check_token_name
 
@@ -28,6 +41,66 @@ def test_a_cursor_names_a_position_and_nothing_else_passes() -> None:
     for bad in ("", "zzz", Position(5, "").encode(), "LTE6eA"):
         with pytest.raises(InvalidCursorError):
             Position.decode(bad)
+
+
+@pytest.mark.parametrize("micros", [10**20, 300_000_000_000_000_000, 253_402_300_800_000_000])
+def test_a_cursor_past_the_calendars_end_is_refused(micros: int) -> None:
+    """No run is created after year 9999: such a cursor was forged, and SQL could not hold it."""
+    with pytest.raises(InvalidCursorError):
+        Position.decode(Position(micros, "x").encode())
+
+
+@pytest.mark.parametrize(
+    ("escalation_id", "parsed"),
+    [("run-1:0", ("run-1", 0)), ("a.b_c:12", ("a.b_c", 12)), ("run-1:reaper", ("run-1", None))],
+)
+def test_escalation_ids_of_a_generation_and_of_the_reaper_are_read(
+    escalation_id: str, parsed: tuple[str, int | None]
+) -> None:
+    assert parse_escalation_id(escalation_id) == parsed
+
+
+@pytest.mark.parametrize("bad", ["run-1", "run-1:", ":0", "run-1:²", "run-1:x", "a:b:0", 5])
+def test_other_escalation_ids_are_refused_saying_what_one_is(bad: object) -> None:
+    with pytest.raises(InvalidEscalationIdError, match=r"escalation id|must be a string"):
+        parse_escalation_id(bad)
+
+
+def test_text_saga_refuses_is_a_422_and_a_503_names_no_host() -> None:
+    """InvalidTextError is bad input; a 503 keeps saga's words and drops the cause's (a host
+    and port); the fields an error carries come with it."""
+    assert status_of(InvalidTextError("note contains a NUL")) == (422, None)
+    cause = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6397. Connection refused.")
+    try:
+        try:
+            raise cause
+        except redis.ConnectionError as exc:
+            raise MessageNotSentError(
+                f"run r-1 is created, but the broker did not take its first turn ({exc}): "
+                "enqueue_run again with the same run id sends it"
+            ) from exc
+    except MessageNotSentError as exc:
+        refused = exc
+    assert status_of(refused)[0] == 503
+    assert message_of(refused) == (
+        "run r-1 is created, but the broker did not take its first turn: "
+        "enqueue_run again with the same run id sends it"
+    )
+    assert message_of(cause) == "Redis does not answer"
+    assert fields_of(RunEndedError("r-1", "completed")) == {"run_id": "r-1", "state": "completed"}
+
+
+@pytest.mark.parametrize("length", [1, 1985, 1986, 2000])
+def test_a_reason_signed_with_its_author_stays_within_the_limit(length: int) -> None:
+    """The ``(by alice)`` suffix never pushes a reason the API took over the limit: a reason
+    too long for both is cut short, saying so with "…"."""
+    reason = "r" * length
+    out = signed(reason, "alice")
+    assert out.endswith(" (by alice)") and len(out) <= 2000
+    if length + len(" (by alice)") <= 2000:
+        assert out == f"{reason} (by alice)"
+    else:
+        assert out.endswith("r… (by alice)") and len(out) == 2000
 
 
 def test_settings_come_from_the_environment_and_bad_ones_say_which(

@@ -17,6 +17,7 @@ match them (a test compares the two).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -27,7 +28,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, event, inspect, text
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from saga.errors import DatabaseSchemaError
 
@@ -46,8 +47,10 @@ def config(connection: Connection | None = None) -> Config:
     return cfg
 
 
+@functools.cache
 def head() -> str:
-    """The newest revision this version of saga knows."""
+    """The newest revision this version of saga knows (read once: the scripts ship with the
+    package, so they do not change under a running process)."""
     revision = ScriptDirectory.from_config(config()).get_current_head()
     assert revision is not None, "saga ships at least one migration"
     return revision
@@ -70,6 +73,13 @@ def status(database_url: str) -> tuple[str | None, str]:
             return _current(connection), head()
     finally:
         engine.dispose()
+
+
+def current(engine: Engine) -> str | None:
+    """The revision the database of ``engine`` holds, over a connection of its pool (what a
+    frequent caller, the readiness probe, must use: ``status`` makes an engine of its own)."""
+    with engine.connect() as connection:
+        return _current(connection)
 
 
 def check(database_url: str) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from saga.queries import escalation_rows, escalation_summary
+from saga.validation import parse_escalation_id
 from saga.web import actions
 from saga.web.api.common import EscalationId
 from saga.web.api.schemas import EscalationList, Requeue, Requeued, Resolve
@@ -31,8 +32,9 @@ def list_escalations(
         open_only=not all,
         run_id=run_id,
         since=since.timestamp() if since else None,
+        limit=limit,
     )
-    return {"escalations": [escalation_summary(r) for r in rows[:limit]]}
+    return {"escalations": [escalation_summary(r) for r in rows]}
 
 
 @router.get("/{escalation_id}")
@@ -50,7 +52,7 @@ def requeue(
     cause is fixed. 409 if the escalation is closed or another requeue got there first; 503
     if the server has no ``SAGA_APP`` (the undos need the application's tools)."""
     count = actions.requeue(ctx, escalation_id, (body or Requeue()).steps(), holder.name)
-    run_id = escalation_id.rpartition(":")[0]
+    run_id = parse_escalation_id(escalation_id)[0]
     return {"escalation_id": escalation_id, "run_id": run_id, "requeued": count, "by": holder.name}
 
 

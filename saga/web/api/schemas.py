@@ -7,17 +7,43 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
-from saga.errors import InvalidRunIdError
-from saga.validation import RUN_ID_MAX_LENGTH, check_run_id
+from saga.errors import InvalidRunIdError, InvalidTextError
+from saga.validation import (
+    AGENT_NAME,
+    REASON_MAX_LENGTH,
+    RUN_ID_MAX_LENGTH,
+    check_run_id,
+    check_text,
+)
+
+
+def _plain(value: str) -> str:
+    """Saga's own check of free text (no NUL), so what the schema takes saga takes too; the
+    length is each field's own."""
+    try:
+        return check_text("the text", value, max_length=len(value))
+    except InvalidTextError as exc:  # a ValueError names the field: body.input
+        raise ValueError(str(exc)) from None
+
 
 #: What a person types: bounded, never blank (a note or a reason is kept with the record).
-Note = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
-ArgsHash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-AgentName = Annotated[
-    str, StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+Note = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=REASON_MAX_LENGTH),
+    AfterValidator(_plain),
 ]
+ArgsHash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+#: ``saga.validation.AGENT_NAME``: the names ``saga.agent(...)`` accepts.
+AgentName = Annotated[str, StringConstraints(pattern=AGENT_NAME.pattern)]
 
 
 class Body(BaseModel):
@@ -29,7 +55,7 @@ class CreateRun(Body):
     makes the request idempotent (the same body again answers the same run)."""
 
     agent: AgentName
-    input: Annotated[str, StringConstraints(min_length=1)]
+    input: Annotated[str, StringConstraints(min_length=1), AfterValidator(_plain)]
     run_id: Annotated[str | None, Field(max_length=RUN_ID_MAX_LENGTH)] = None
 
     @field_validator("run_id")

@@ -13,6 +13,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.datastructures import URL, FormData
 
+from saga.validation import parse_escalation_id
 from saga.web import actions
 from saga.web.api.common import ApprovalId, EscalationId, RunId
 from saga.web.auth import (
@@ -199,7 +200,7 @@ async def requeue(request: Request, escalation_id: EscalationId) -> Response:
     except (ValueError, TypeError, AttributeError):
         raise HTTPException(422, "corrections: not step -> {argument: value}") from None
     actions.requeue(context(request), escalation_id, corrections, session.holder.name)
-    return render.go(request, f"/console/runs/{escalation_id.rpartition(':')[0]}")
+    return render.go(request, f"/console/runs/{parse_escalation_id(escalation_id)[0]}")
 
 
 @router.post("/escalations/{escalation_id}/resolve")

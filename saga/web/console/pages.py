@@ -175,6 +175,10 @@ def run_values(request: Request, run_id: str) -> dict[str, Any]:
     }
 
 
+#: Escalations the console's list shows, newest first.
+_ESCALATIONS_SHOWN = 200
+
+
 @router.get("/escalations")
 def escalations(
     request: Request,
@@ -189,12 +193,13 @@ def escalations(
         open_only=not everything,
         run_id=run_id or None,
         since=_moment(since, "since"),
+        limit=_ESCALATIONS_SHOWN,
     )
     return render.page(
         request,
         "escalations.html",
         session,
-        rows=rows[:200],
+        rows=rows,
         everything=everything,
         run_id=run_id or "",
         since=since or "",
@@ -203,7 +208,7 @@ def escalations(
 
 @router.get("/approvals")
 def approvals(request: Request) -> HTMLResponse:
-    """Calls awaiting a person across the newest running runs; decided on each run's page."""
+    """Calls awaiting a person across every running run; decided on each run's page."""
     session = viewer(request)
     pending = actions.pending_approvals(context(request))
     return render.page(request, "approvals.html", session, approvals=pending)
