@@ -9,6 +9,7 @@ and Redis's URLs. No tool code is imported: turns are sent to the workers by tas
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import ssl
 from dataclasses import asdict, dataclass, field
@@ -16,8 +17,7 @@ from typing import Any
 
 from celery import Celery
 
-from saga.agents.launch import enqueue_run as _enqueue_run
-from saga.agents.launch import published_agent, send_turn
+from saga.agents.launch import Launched, launch_run, published_agent, send_turn
 from saga.agents.turn_state import LoopState, document
 from saga.constants import START_UNWIND_TASK, TURN_QUEUE
 from saga.errors import ApprovalError, MessageNotSentError, RunEndedError, UnknownRunError
@@ -41,6 +41,8 @@ __all__ = [
     "get_run",
     "list_runs",
 ]
+
+logger = logging.getLogger("saga.client")
 
 
 @dataclass(frozen=True)
@@ -126,13 +128,22 @@ class Client:
 
         An agent no worker hosts is refused here (``UnknownAgentError``) once any worker has
         published the agents it hosts; before that, the turn worker ends such a run
-        ``failed_to_start``."""
+        ``failed_to_start``. ``MessageNotSentError``: the run is created (its ``run_id``) but
+        its first turn is not sent; call again with that ``run_id`` to send it (never
+        without: that is another run)."""
+        return self.launch(agent, input, run_id, deadline).run_id
+
+    def launch(
+        self, agent: str, input: str, run_id: str | None = None, deadline: float | None = None
+    ) -> Launched:
+        """``enqueue_run``, saying also whether this call created the run (for an API that
+        answers 201 to the one that did and 200 to the others)."""
         check_agent_name(agent)
         hosted = published_agent(self.store, agent)
         open_deadline = deadline is None and hosted is None  # nothing published: a guess
         if deadline is None:
             deadline = (hosted or {}).get("deadline") or self.settings.run_deadline_seconds
-        return _enqueue_run(
+        return launch_run(
             self.store,
             self.app,
             agent,
@@ -166,43 +177,44 @@ class Client:
             cursor = page.next_cursor
         return found[:limit]
 
-    def approve(self, run_id: str, approval_id: str, *, args_hash: str, by: str) -> None:
+    def approve(self, run_id: str, approval_id: str, *, args_hash: str, by: str) -> bool:
         """Let the call ``approval_id`` (``<turn>:<call>``) go out, as shown: ``args_hash`` is
-        the hash of the arguments the person saw. Single use; expires with the run."""
-        self._decide(run_id, approval_id, "approved", by, "", args_hash)
+        the hash of the arguments the person saw. Single use; expires with the run. The same
+        decision again by the same person is not refused: it answers False (applied already)
+        and sends the turn that acts on it again (after a ``MessageNotSentError``)."""
+        return self._decide(run_id, approval_id, "approved", by, "", args_hash)
 
-    def deny(self, run_id: str, approval_id: str, reason: str, *, args_hash: str, by: str) -> None:
-        """Refuse the call; the model is told ``reason`` and goes on."""
-        self._decide(run_id, approval_id, "denied", by, reason, args_hash)
+    def deny(self, run_id: str, approval_id: str, reason: str, *, args_hash: str, by: str) -> bool:
+        """Refuse the call; the model is told ``reason`` and goes on. True, False and a repeat
+        as ``approve``."""
+        return self._decide(run_id, approval_id, "denied", by, reason, args_hash)
 
     def _decide(
         self, run_id: str, marker: str, verdict: str, by: str, reason: str, args_hash: str
-    ) -> None:
+    ) -> bool:
         check_name("by", by)
         check_text("reason", reason, max_length=2000)
         outcome = self.store.decide_approval(run_id, marker, verdict, by, reason, args_hash)
-        if outcome.status != "ok":
-            why = {
-                "unknown": "no call awaits approval under this id",
-                "decided": "it was decided already",
-                "ended": "the run is no longer running",
-                "mismatch": "the arguments are not the ones awaiting approval",
-                "expired": "the request expired with the run's deadline",
-            }.get(outcome.status, outcome.status)
-            raise ApprovalError(f"run {run_id}, call {marker}: {why}")
+        refusal = decision_refusal(outcome.status)
+        if refusal:
+            raise ApprovalError(f"run {run_id}, call {marker}: {refusal}")
         try:
             send_turn(self.app, run_id, int(marker.split(":")[0]))  # the turn goes on
         except Exception as exc:
+            logger.error("run %s: the broker did not take the turn of %s (%r)", run_id, marker, exc)
             raise MessageNotSentError(
-                f"run {run_id}, call {marker}: {verdict}, but the broker did not take the turn "
-                f"that acts on it ({exc}); the reaper sends it at the run's deadline"
+                run_id, f"call {marker} {verdict}", "turn", "the same decision again"
             ) from exc
+        return outcome.status == "ok"
 
-    def abort_run(self, run_id: str, reason: str = "aborted by the user") -> None:
+    def abort_run(self, run_id: str, reason: str = "aborted by the user") -> bool:
         """Stop the run now: no more turns; the workers unwind what it did (or escalate past
-        its pivot) once its steps in flight settle."""
+        its pivot) once its steps in flight settle. The same abort again (the same reason)
+        is not refused while the run unwinds: it answers False (applied already) and sends
+        the unwind again if it is still unsent (after a ``MessageNotSentError``)."""
         check_text("reason", reason, max_length=2000)
-        outcome = self.store.abort(run_id, f"aborted: {reason}")
+        recorded = f"aborted: {reason}"
+        outcome = self.store.abort(run_id, recorded)
         if outcome.status == "unknown":
             raise UnknownRunError(f"no run {run_id}")
         if outcome.status == "ended":
@@ -213,11 +225,25 @@ class Client:
                     START_UNWIND_TASK, kwargs={"run_id": run_id, "owner": "abort"}, queue=TURN_QUEUE
                 )
             except Exception as exc:
+                logger.error("run %s: the broker did not take its unwind (%r)", run_id, exc)
                 raise MessageNotSentError(
-                    f"run {run_id} is aborted, but the broker did not take its unwind ({exc}): "
-                    "abort_run again with the same reason sends it (the reaper does at its "
-                    "deadline)"
+                    run_id, "aborted", "unwind", "the same abort again (the same reason)"
                 ) from exc
+        return outcome.status == "ok"
+
+
+def decision_refusal(status: str) -> str:
+    """Why ``decide_approval.lua`` refused a decision ('' when it stands: taken now, or this
+    very decision repeated, and the turn that acts on it is to be sent)."""
+    if status in ("ok", "repeat"):
+        return ""
+    return {
+        "unknown": "no call awaits approval under this id",
+        "decided": "it was decided already",
+        "ended": "the run is no longer running",
+        "mismatch": "the arguments are not the ones awaiting approval",
+        "expired": "the request expired with the run's deadline",
+    }.get(status, status)
 
 
 def status_of(picture: RunPicture) -> RunStatus:

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from saga import payload
 from saga.errors import (
-    DispatchError,
     EscalationResolvedError,
     InvalidArgumentsError,
     InvalidCorrectionError,
+    MessageNotSentError,
     NothingToRequeueError,
     OperationRefusedError,
     PayloadError,
@@ -68,6 +68,10 @@ def requeue(saga: Saga, run_id: str, corrections: Mapping[int, Mapping[str, Any]
             break
     else:
         raise OperationRefusedError(f"run {run_id} kept changing; requeue it again", retryable=True)
+    if outcome.status == "refused":
+        repeated = _repeated(saga.picture(run_id), by, changes)
+        if repeated is not None:
+            return _resend(saga, run_id, *repeated)
     if outcome.status == "resolved":
         raise EscalationResolvedError(f"run {run_id} was resolved by hand: {_said(outcome)}")
     if outcome.status == "uncorrectable":
@@ -79,13 +83,39 @@ def requeue(saga: Saga, run_id: str, corrections: Mapping[int, Mapping[str, Any]
         )
     owner, count = str(outcome.values[0]), int(outcome.values[1])
     _record_now(saga, run_id, owner)
-    if not saga.start_unwind(run_id, owner):
-        raise DispatchError(
-            f"run {run_id} is requeued, but the broker did not take its unwind: the reaper "
-            "sends it at the run's deadline (nothing to do again)"
-        )
+    _send_unwind(saga, run_id, owner)
     logger.warning("run %s: requeued %d compensation(s) by %r", run_id, count, by)
     return count
+
+
+def _repeated(picture: RunPicture, by: str, changes: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The requeue (owner, count) that this one repeats, if the run is unwinding under a
+    requeue by the same person with the same corrected arguments (its answer was lost, or the
+    broker refused its unwind): the same requeue again converges on it, never a 409."""
+    owner = str(picture.extra.get("owner", ""))
+    if picture.state is not RunState.UNWINDING or not owner.startswith("requeue:"):
+        return None
+    generation = int(owner.rpartition(":")[2])
+    for action in picture.actions:
+        if action["generation"] != generation or action.get("by") != by:
+            continue
+        before = {step: fix["after"] for step, fix in action.get("corrections", {}).items()}
+        if before == {step: fix["after"] for step, fix in changes.items()}:
+            return owner, int(action["count"])
+    return None
+
+
+def _resend(saga: Saga, run_id: str, owner: str, count: int) -> int:
+    """Send a repeated requeue's unwind again if it is still unsent (nothing else is done)."""
+    if saga.picture(run_id).extra.get("sent", "1") == "0":
+        _send_unwind(saga, run_id, owner)
+    logger.warning("run %s: %s asked again; applied already", run_id, owner)
+    return count
+
+
+def _send_unwind(saga: Saga, run_id: str, owner: str) -> None:
+    if not saga.start_unwind(run_id, owner):
+        raise MessageNotSentError(run_id, "requeued", "unwind", "the same requeue again")
 
 
 def resolve(saga: Saga, escalation: str, *, note: str, by: str) -> EscalationRecord:

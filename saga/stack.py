@@ -120,7 +120,7 @@ class Outcome:
     def owns_unwind(self) -> bool:
         """True when this caller came to own the run's unwind (it must start it)."""
         return (
-            self.status in ("ok", "dup", "skip", "failed", "late")
+            self.status in ("ok", "dup", "skip", "failed", "late", "repeat")
             and bool(self.values)
             and self.values[0] in (1, "1")
         )
@@ -411,7 +411,9 @@ class RunStore:
         return self._call("take_over", run_id, version, owner).status == "ok"
 
     def abort(self, run_id: str, reason: str, version: str = "") -> Outcome:
-        """``version``: abort only if the run is still at it (``moved`` otherwise)."""
+        """``version``: abort only if the run is still at it (``moved`` otherwise).
+        ``repeat``: this very abort (the same reason) was applied already; it owns the unwind
+        again only if that one was never sent."""
         return self._call("abort", run_id, reason, version)
 
     def mark_sent(self, run_id: str, owner: str) -> bool:
@@ -535,8 +537,9 @@ class RunStore:
     def decide_approval(
         self, run_id: str, marker: str, verdict: str, by: str, reason: str, args_hash: str
     ) -> Outcome:
-        """A person's decision on a hosted call awaiting approval: ``ok``, or ``unknown`` /
-        ``decided`` / ``ended`` / ``mismatch`` (other arguments) / ``expired``."""
+        """A person's decision on a hosted call awaiting approval: ``ok``; ``repeat`` (this
+        very decision, by the same person, was taken already); or ``unknown`` / ``decided`` /
+        ``ended`` / ``mismatch`` (other arguments) / ``expired``."""
         return self._call("decide_approval", run_id, marker, verdict, by, reason, args_hash)
 
     def record_refusal(self, run_id: str, marker: str, message: str) -> bool:

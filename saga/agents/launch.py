@@ -12,8 +12,10 @@ by it.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from saga import metrics
@@ -24,6 +26,17 @@ from saga.validation import check_agent_name, check_deadline, check_run_id, chec
 
 if TYPE_CHECKING:
     from saga.agents.agent import Agent
+
+logger = logging.getLogger("saga.agents")
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What a start did: the run's id, and whether this call created it (the create script
+    decides: of two calls with one id at the same moment, exactly one created it)."""
+
+    run_id: str
+    created: bool
 
 
 def enqueue_run(
@@ -36,11 +49,29 @@ def enqueue_run(
     max_input_bytes: int = 256 * 1024,
     deadline_open: bool = False,
 ) -> str:
-    """Create the run and its loop's state in one script, then send turn 1; return the id.
+    """``launch_run``, for callers that need the id only."""
+    return launch_run(
+        store, app, agent, input, run_id, deadline, max_input_bytes, deadline_open
+    ).run_id
+
+
+def launch_run(
+    store: RunStore,
+    app: Any,
+    agent: str,
+    input: str,
+    run_id: str | None = None,
+    deadline: float = 900,
+    max_input_bytes: int = 256 * 1024,
+    deadline_open: bool = False,
+) -> Launched:
+    """Create the run and its loop's state in one script, then send turn 1.
 
     The same ``run_id`` again is not an error: the run exists, so nothing is created, and
     turn 1 is sent again only if it has no answer yet (the first call may have died before
-    sending it; a second message of a turn only replays it)."""
+    sending it, or the broker refused it; a second message of a turn only replays it). So a
+    caller told ``MessageNotSentError`` converges on the one run by calling again with the
+    error's ``run_id``."""
     check_agent_name(agent)
     if not isinstance(input, str):
         raise PayloadError("the input of a hosted run is the user's message, a string")
@@ -49,7 +80,10 @@ def enqueue_run(
         raise PayloadError(f"the input is over the limit of {max_input_bytes} bytes")
     run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
     deadline = check_deadline(deadline)
-    if store.create(run_id, deadline, agent=agent, input_json=input, deadline_open=deadline_open):
+    created = store.create(
+        run_id, deadline, agent=agent, input_json=input, deadline_open=deadline_open
+    )
+    if created:
         metrics.run_started()
     else:
         existing = store.client.hget(agent_key(run_id), "name")
@@ -59,15 +93,15 @@ def enqueue_run(
         head = store.head(run_id)
         started = store.client.hexists(agent_key(run_id), "1:answer")
         if started or head is None or head.state.value != "running":
-            return run_id
+            return Launched(run_id, created)
     try:
         send_turn(app, run_id, 1)
     except Exception as exc:
+        logger.error("run %s: the broker did not take turn 1 (%r)", run_id, exc)
         raise MessageNotSentError(
-            f"run {run_id} is created, but the broker did not take its first turn ({exc}): "
-            "enqueue_run again with the same run id sends it (the reaper does at its deadline)"
+            run_id, "created", "turn 1", "starting it again with the same run id"
         ) from exc
-    return run_id
+    return Launched(run_id, created)
 
 
 def send_turn(app: Any, run_id: str, turn: int, task: str = AGENT_TURN_TASK) -> None:

@@ -4,7 +4,8 @@
 
 ``field`` names the input at fault (``body.reason``, ``query.cursor``, ``path.run_id``) when
 there is one. Saga's errors map to statuses here, in one table; nothing a refused request
-asked for has happened.
+asked for has happened. One answer in that shape is no refusal: 202 ``not_sent``
+(``MessageNotSentError``) says what was applied, on which run, and which message is pending.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from saga.errors import (
 )
 
 _WORDS = {
+    202: "not_sent",
     400: "bad_request",
     401: "unauthorized",
     403: "forbidden",
@@ -67,7 +69,7 @@ _STATUS: list[tuple[type[BaseException], int, str | None]] = [
     (OperationRefusedError, 409, None),
     (NoAppError, 503, None),
     (DispatchError, 503, None),
-    (MessageNotSentError, 503, None),
+    (MessageNotSentError, 202, None),
     (StoreUnavailableError, 503, None),
 ]
 
@@ -107,7 +109,29 @@ def validation_field(errors: list[Any]) -> tuple[str, str]:
     return location or "body", str(first.get("msg", "invalid input"))
 
 
+#: Seconds a client told ``not_sent`` waits before asking again (the broker was away).
+NOT_SENT_RETRY_AFTER = 5
+
+
+def not_sent(exc: MessageNotSentError) -> JSONResponse:
+    """Applied, its message not sent: 202, not 503, so that no client retries blindly (a
+    create retried without its run id would be a second run). The fields say what stands and
+    what a retry with them (the run id) converges on; the reaper sends the message anyway."""
+    body = {
+        "error": _WORDS[202],
+        "message": str(exc),
+        "field": None,
+        "run_id": exc.run_id,
+        "applied": exc.applied,
+        "pending": exc.pending,
+    }
+    headers = {"Retry-After": str(NOT_SENT_RETRY_AFTER)}
+    return JSONResponse(body, status_code=202, headers=headers)
+
+
 async def on_saga_error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, MessageNotSentError):
+        return not_sent(exc)
     status, field = status_of(exc)
     return problem(status, message_of(exc), field)
 

@@ -31,17 +31,18 @@ def run_approvals(run_id: RunId, ctx: Context, holder: Reader) -> Any:
 def approve(
     run_id: RunId, approval_id: ApprovalId, body: Approve, ctx: Context, holder: Operator
 ) -> Any:
-    """Let the call go out as shown (409 if the hash is not the one awaiting, or decided)."""
-    actions.decide(
+    """Let the call go out as shown (409 if the hash is not the one awaiting, or another
+    decision was taken; this very one again answers ``repeated``)."""
+    now = actions.decide(
         ctx, run_id, approval_id, approve=True, args_hash=body.args_hash, reason="", by=holder.name
     )
-    return {"run_id": run_id, "approval_id": approval_id, "verdict": "approved", "by": holder.name}
+    return _decided(run_id, approval_id, "approved", holder.name, now)
 
 
 @router.post("/runs/{run_id}/approvals/{approval_id}/deny", response_model=Decided)
 def deny(run_id: RunId, approval_id: ApprovalId, body: Deny, ctx: Context, holder: Operator) -> Any:
     """Refuse the call; the model is told ``reason`` and goes on."""
-    actions.decide(
+    now = actions.decide(
         ctx,
         run_id,
         approval_id,
@@ -50,4 +51,14 @@ def deny(run_id: RunId, approval_id: ApprovalId, body: Deny, ctx: Context, holde
         reason=body.reason,
         by=holder.name,
     )
-    return {"run_id": run_id, "approval_id": approval_id, "verdict": "denied", "by": holder.name}
+    return _decided(run_id, approval_id, "denied", holder.name, now)
+
+
+def _decided(run_id: str, approval_id: str, verdict: str, by: str, now: bool) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "approval_id": approval_id,
+        "verdict": verdict,
+        "by": by,
+        "repeated": not now,
+    }
