@@ -198,6 +198,8 @@ class Client:
         refusal = decision_refusal(outcome.status)
         if refusal:
             raise ApprovalError(f"run {run_id}, call {marker}: {refusal}")
+        if outcome.status == "repeat" and outcome.values[1] != RunState.RUNNING.value:
+            return False  # the run went on past that turn, and ended: nothing to send
         try:
             send_turn(self.app, run_id, int(marker.split(":")[0]))  # the turn goes on
         except Exception as exc:

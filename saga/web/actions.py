@@ -80,9 +80,12 @@ def start_run(
 
 
 def _same_body(ctx: WebContext, run_id: str, agent: str, input: str) -> None:
+    # The run first, its agent then: the create script writes both at once, so a run seen
+    # here has its agent below, even when another request creates it between the two reads.
+    exists = ctx.store.head(run_id) is not None or ctx.records.run(run_id) is not None
     hosted = hosted_doc(ctx.store, ctx.records, run_id)
     if hosted is None:
-        if ctx.store.head(run_id) is not None or ctx.records.run(run_id) is not None:
+        if exists:
             raise RunExistsError(f"run {run_id} exists and no agent drives it")
         return
     if hosted.get("agent") != agent or hosted.get("input") != input:
