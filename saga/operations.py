@@ -69,9 +69,13 @@ def requeue(saga: Saga, run_id: str, corrections: Mapping[int, Mapping[str, Any]
     else:
         raise OperationRefusedError(f"run {run_id} kept changing; requeue it again", retryable=True)
     if outcome.status == "refused":
-        repeated = _repeated(saga.picture(run_id), by, changes)
+        repeated = _repeated(saga, run_id, by, changes)
         if repeated is not None:
-            return _resend(saga, run_id, *repeated)
+            owner, count = repeated
+            if saga.picture(run_id).extra.get("owner") == owner:
+                _send_unwind(saga, run_id, owner)  # refused before: still unsent
+            logger.warning("run %s: %s asked again; applied already", run_id, owner)
+            return count
     if outcome.status == "resolved":
         raise EscalationResolvedError(f"run {run_id} was resolved by hand: {_said(outcome)}")
     if outcome.status == "uncorrectable":
@@ -88,33 +92,30 @@ def requeue(saga: Saga, run_id: str, corrections: Mapping[int, Mapping[str, Any]
     return count
 
 
-def _repeated(picture: RunPicture, by: str, changes: Mapping[str, Any]) -> tuple[str, int] | None:
-    """The requeue (owner, count) that this one repeats, if the run is unwinding under a
-    requeue by the same person with the same corrected arguments (its answer was lost, or the
-    broker refused its unwind): the same requeue again converges on it, never a 409."""
-    owner = str(picture.extra.get("owner", ""))
+def _repeated(
+    saga: Saga, run_id: str, by: str, changes: Mapping[str, Any]
+) -> tuple[str, int] | None:
+    """The requeue (owner, count) this one repeats: the run unwinds under a requeue whose
+    unwind the broker refused, made by the same person with the same corrected arguments.
+    That requeue again converges on it (its unwind sent), never a 409; two requeues at once,
+    where nothing was refused, stay one requeue and one refusal."""
+    picture = saga.picture(run_id)
+    owner = saga.store.refused(run_id)
     if picture.state is not RunState.UNWINDING or not owner.startswith("requeue:"):
         return None
     generation = int(owner.rpartition(":")[2])
+    after = {step: fix["after"] for step, fix in changes.items()}
     for action in picture.actions:
-        if action["generation"] != generation or action.get("by") != by:
-            continue
-        before = {step: fix["after"] for step, fix in action.get("corrections", {}).items()}
-        if before == {step: fix["after"] for step, fix in changes.items()}:
-            return owner, int(action["count"])
+        if action["generation"] == generation and action.get("by") == by:
+            recorded = action.get("corrections", {})
+            if {step: fix["after"] for step, fix in recorded.items()} == after:
+                return owner, int(action["count"])
     return None
-
-
-def _resend(saga: Saga, run_id: str, owner: str, count: int) -> int:
-    """Send a repeated requeue's unwind again if it is still unsent (nothing else is done)."""
-    if saga.picture(run_id).extra.get("sent", "1") == "0":
-        _send_unwind(saga, run_id, owner)
-    logger.warning("run %s: %s asked again; applied already", run_id, owner)
-    return count
 
 
 def _send_unwind(saga: Saga, run_id: str, owner: str) -> None:
     if not saga.start_unwind(run_id, owner):
+        saga.store.mark_refused(run_id, owner)
         raise MessageNotSentError(run_id, "requeued", "unwind", "the same requeue again")
 
 

@@ -73,6 +73,7 @@ _SCRIPTS = (
     "record_retry",
     "abort",
     "mark_sent",
+    "mark_refused",
     "begin_compensation",
     "record_compensation",
     "conclude",
@@ -418,6 +419,15 @@ class RunStore:
 
     def mark_sent(self, run_id: str, owner: str) -> bool:
         return self._call("mark_sent", run_id, owner).status == "1"
+
+    def mark_refused(self, run_id: str, owner: str) -> bool:
+        """The broker refused the unwind of ``owner`` (still the owner, nothing sent)."""
+        return self._call("mark_refused", run_id, owner).status == "1"
+
+    def refused(self, run_id: str) -> str:
+        """The owner whose unwind the broker refused last ('' if none was)."""
+        with _reachable("refused"):
+            return cast(str, self.client.hget(run_keys(run_id)[0], "refused") or "")
 
     # -- unwind path ----------------------------------------------------------------------
 
