@@ -212,8 +212,8 @@ class Client:
     def abort_run(self, run_id: str, reason: str = "aborted by the user") -> bool:
         """Stop the run now: no more turns; the workers unwind what it did (or escalate past
         its pivot) once its steps in flight settle. The same abort again (the same reason)
-        is not refused while the run unwinds: it answers False (applied already) and sends
-        the unwind again if it is still unsent (after a ``MessageNotSentError``)."""
+        is not refused: it answers False (applied already) and sends the unwind again if it
+        is still unsent (after a ``MessageNotSentError``)."""
         check_text("reason", reason, max_length=2000)
         recorded = f"aborted: {reason}"
         outcome = self.store.abort(run_id, recorded)

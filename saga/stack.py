@@ -413,8 +413,8 @@ class RunStore:
 
     def abort(self, run_id: str, reason: str, version: str = "") -> Outcome:
         """``version``: abort only if the run is still at it (``moved`` otherwise).
-        ``repeat``: this very abort (the same reason) was applied already; it owns the unwind
-        again only if that one was never sent."""
+        ``repeat``: this very abort (the same reason) was applied already, however far its
+        unwind got; it owns the unwind again only if that one was never sent."""
         return self._call("abort", run_id, reason, version)
 
     def mark_sent(self, run_id: str, owner: str) -> bool:

@@ -5,8 +5,9 @@ if not state then return {'unknown'} end
 local to = move('run', state, 'abort')
 if not to then
   -- A repeat of this very abort (its reply was lost, or the broker refused its unwind) is
-  -- told so, and owns the unwind again if the first one's is still unsent.
-  if state == 'unwinding' and redis.call('HGET', RUN, 'reason') == ARGV[1] then
+  -- told so, however far the unwind got, and owns the unwind again if the first one's is
+  -- still unsent.
+  if redis.call('HGET', RUN, 'reason') == ARGV[1] then
     return {'repeat', still_mine('abort')}
   end
   return {'ended', state}

@@ -228,7 +228,8 @@ def test_an_abort_whose_unwind_was_refused_is_applied_and_the_same_again_sends_i
     web: Web, refusing: Refusing, fresh_world: None
 ) -> None:
     """The run is aborted, the broker refuses its unwind: 202 saying so. The same abort again
-    (broker up) is a 200 with the run, and its unwind runs: the run ends, aborted once."""
+    (broker up) is a 200 with the run, and its unwind runs: the run ends, aborted once; the
+    same abort after that is still a 200, another one a 409."""
     run_id, _ = awaiting(web)
     url = f"/api/runs/{run_id}/abort"
 
@@ -242,6 +243,10 @@ def test_an_abort_whose_unwind_was_refused_is_applied_and_the_same_again_sends_i
     record = web.saga.records.run(run_id)
     assert record is not None and record.reason == "aborted: customer called back (by alice)"
     assert systems.outbox() == []
+    late = web.client(web.operate_token).post(url, json={"reason": "customer called back"})
+    assert (late.status_code, late.json()["state"]) == (200, "compensated")  # applied already
+    other = web.client(web.operate_token).post(url, json={"reason": "another reason"})
+    assert other.status_code == 409
 
 
 # -- requeue ---------------------------------------------------------------------------------
