@@ -111,6 +111,13 @@ def validation_field(errors: list[Any]) -> tuple[str, str]:
 
 #: Seconds a client told ``not_sent`` waits before asking again (the broker was away).
 NOT_SENT_RETRY_AFTER = 5
+#: The 202 of the routes whose action sends a message, for their OpenAPI ``responses``.
+NOT_SENT: dict[int | str, dict[str, Any]] = {
+    202: {
+        "description": "applied, its message not sent (error not_sent: run_id, applied, "
+        "pending); the same request again sends it, the reaper does at the run's deadline"
+    }
+}
 
 
 def not_sent(exc: MessageNotSentError) -> JSONResponse:
@@ -148,6 +155,7 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 __all__ = [
+    "NOT_SENT",
     "SagaError",
     "message_of",
     "on_http_error",

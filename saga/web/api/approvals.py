@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from saga.web import actions
+from saga.web import actions, problems
 from saga.web.api.common import ApprovalId, RunId
 from saga.web.api.schemas import Approve, Decided, Deny
 from saga.web.auth import Context, Operator, Reader
@@ -27,7 +27,11 @@ def run_approvals(run_id: RunId, ctx: Context, holder: Reader) -> Any:
     return {"approvals": actions.pending_approvals(ctx, run_id)}
 
 
-@router.post("/runs/{run_id}/approvals/{approval_id}/approve", response_model=Decided)
+@router.post(
+    "/runs/{run_id}/approvals/{approval_id}/approve",
+    response_model=Decided,
+    responses=problems.NOT_SENT,
+)
 def approve(
     run_id: RunId, approval_id: ApprovalId, body: Approve, ctx: Context, holder: Operator
 ) -> Any:
@@ -39,7 +43,11 @@ def approve(
     return _decided(run_id, approval_id, "approved", holder.name, now)
 
 
-@router.post("/runs/{run_id}/approvals/{approval_id}/deny", response_model=Decided)
+@router.post(
+    "/runs/{run_id}/approvals/{approval_id}/deny",
+    response_model=Decided,
+    responses=problems.NOT_SENT,
+)
 def deny(run_id: RunId, approval_id: ApprovalId, body: Deny, ctx: Context, holder: Operator) -> Any:
     """Refuse the call; the model is told ``reason`` and goes on."""
     now = actions.decide(
