@@ -72,8 +72,9 @@ def requeue(saga: Saga, run_id: str, corrections: Mapping[int, Mapping[str, Any]
         repeated = _repeated(saga, run_id, by, changes)
         if repeated is not None:
             owner, count = repeated
-            if saga.picture(run_id).extra.get("owner") == owner:
-                _send_unwind(saga, run_id, owner)  # refused before: still unsent
+            now = saga.picture(run_id).extra
+            if now.get("owner") == owner and now.get("sent") == "0":
+                _send_unwind(saga, run_id, owner)  # refused before, still unsent
             logger.warning("run %s: %s asked again; applied already", run_id, owner)
             return count
     if outcome.status == "resolved":
