@@ -252,21 +252,26 @@ def test_an_abort_whose_unwind_was_refused_is_applied_and_the_same_again_sends_i
 # -- requeue ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("corrected", [False, True])
 def test_a_requeue_whose_unwind_was_refused_is_applied_and_the_same_again_sends_it(
-    web: Web, refusing: Refusing, fresh_world: None
+    web: Web, refusing: Refusing, fresh_world: None, corrected: bool
 ) -> None:
-    """The failed reversal is requeued, the broker refuses its unwind: 202 saying so. The
-    same requeue again (broker up) is a 200 with the same count, not a 409; the reversal runs
-    once and the run compensates; another requeue after that is refused."""
+    """The failed reversal is requeued (its undo corrected, or not), the broker refuses its
+    unwind: 202 saying so. The same requeue again (broker up) is a 200 with the same count,
+    not a 409; the reversal runs once and the run compensates; another requeue after that is
+    refused."""
     run_id = web.escalated_run()
     escalation = f"{run_id}:0"
     systems.set_down("reversal", False)
     url = f"/api/escalations/{escalation}/requeue"
+    [undo] = [c for c in web.saga.picture(run_id).compensations if c.step == 2]
+    fix = {"2": {"credit_id": undo.entry["args"]["credit_id"]}}  # as it is: the path is tried
+    body = {"corrections": fix} if corrected else {}
 
-    refused = refusing.http.post(url, json={})
+    refused = refusing.http.post(url, json=body)
     assert not_sent(refused, "requeued", "unwind") == run_id
 
-    again = web.client(web.operate_token).post(url, json={})
+    again = web.client(web.operate_token).post(url, json=body)
 
     assert again.status_code == 200, again.text
     assert again.json()["requeued"] == 1
