@@ -47,6 +47,7 @@ from saga.client import (
     broker_app,
     check_decision,
     decision_not_sent,
+    decision_refusal,
     must_unwind,
     no_run,
     resolved,
@@ -67,6 +68,7 @@ from saga.constants import (
 )
 from saga.errors import ConfigurationError, UnknownRunError, WaitTimeoutError
 from saga.listing import _HEAD_FIELDS, Position, RunFilter, RunRow, _row_of_head, _score, micros
+from saga.model import RunState
 from saga.picture import RunPicture
 from saga.settings import Settings
 from saga.stack import (
@@ -230,17 +232,17 @@ class AsyncClient:
             batch = min(batch * 2, _BATCH)
         return found[:limit]
 
-    async def approve(self, run_id: str, approval_id: str, *, args_hash: str, by: str) -> None:
+    async def approve(self, run_id: str, approval_id: str, *, args_hash: str, by: str) -> bool:
         """``saga.client.Client.approve``, awaited."""
-        await self._decide(run_id, approval_id, "approved", by, "", args_hash)
+        return await self._decide(run_id, approval_id, "approved", by, "", args_hash)
 
     async def deny(
         self, run_id: str, approval_id: str, reason: str, *, args_hash: str, by: str
-    ) -> None:
+    ) -> bool:
         """``saga.client.Client.deny``, awaited."""
-        await self._decide(run_id, approval_id, "denied", by, reason, args_hash)
+        return await self._decide(run_id, approval_id, "denied", by, reason, args_hash)
 
-    async def abort_run(self, run_id: str, reason: str = "aborted by the user") -> None:
+    async def abort_run(self, run_id: str, reason: str = "aborted by the user") -> bool:
         """``saga.client.Client.abort_run``, awaited."""
         outcome = await self._script("abort", run_id, abort_reason(reason), "")
         if must_unwind(run_id, outcome):
@@ -248,6 +250,7 @@ class AsyncClient:
                 await self._publish(send_unwind, self.app, run_id)
             except Exception as exc:
                 raise unwind_not_sent(run_id, exc) from exc
+        return bool(outcome.status == "ok")
 
     async def wait_run(self, run_id: str, timeout: float | None = None) -> RunStatus:
         """The run once it has ended (completed, compensated, escalated, failed to start) and
@@ -348,17 +351,20 @@ class AsyncClient:
 
     async def _decide(
         self, run_id: str, marker: str, verdict: str, by: str, reason: str, args_hash: str
-    ) -> None:
+    ) -> bool:
         check_decision(by, reason)
         outcome = await self._script(
             "decide_approval", run_id, marker, verdict, by, reason, args_hash
         )
-        if outcome.status != "ok":
+        if decision_refusal(outcome.status):
             raise approval_refused(run_id, marker, outcome.status)
+        if outcome.status == "repeat" and outcome.values[1] != RunState.RUNNING.value:
+            return False  # the run went on past that turn, and ended: nothing to send
         try:
             await self._publish(send_turn, self.app, run_id, turn_of(marker))
         except Exception as exc:
             raise decision_not_sent(run_id, marker, verdict, exc) from exc
+        return bool(outcome.status == "ok")
 
     async def _publish(self, send: Callable[..., None], *args: Any) -> None:
         """Run a kombu publish on this client's threads, for ``publish_timeout`` at most (a

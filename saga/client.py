@@ -12,6 +12,7 @@ errors and messages (the functions after ``Client``): a change to them reaches b
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import ssl
 from collections.abc import Iterable
@@ -20,8 +21,7 @@ from typing import Any
 
 from celery import Celery
 
-from saga.agents.launch import enqueue_run as _enqueue_run
-from saga.agents.launch import published_agent, send_turn
+from saga.agents.launch import Launched, launch_run, published_agent, send_turn
 from saga.agents.turn_state import LoopState, document
 from saga.constants import START_UNWIND_TASK, TURN_QUEUE
 from saga.errors import ApprovalError, MessageNotSentError, RunEndedError, UnknownRunError
@@ -45,6 +45,8 @@ __all__ = [
     "get_run",
     "list_runs",
 ]
+
+logger = logging.getLogger("saga.client")
 
 
 @dataclass(frozen=True)
@@ -114,12 +116,21 @@ class Client:
 
         An agent no worker hosts is refused here (``UnknownAgentError``) once any worker has
         published the agents it hosts; before that, the turn worker ends such a run
-        ``failed_to_start``."""
+        ``failed_to_start``. ``MessageNotSentError``: the run is created (its ``run_id``) but
+        its first turn is not sent; call again with that ``run_id`` to send it (never
+        without: that is another run)."""
+        return self.launch(agent, input, run_id, deadline).run_id
+
+    def launch(
+        self, agent: str, input: str, run_id: str | None = None, deadline: float | None = None
+    ) -> Launched:
+        """``enqueue_run``, saying also whether this call created the run (for an API that
+        answers 201 to the one that did and 200 to the others)."""
         check_agent_name(agent)
         chosen, open_deadline = run_deadline(
             published_agent(self.store, agent), deadline, self.settings
         )
-        return _enqueue_run(
+        return launch_run(
             self.store,
             self.app,
             agent,
@@ -149,36 +160,45 @@ class Client:
             cursor = page.next_cursor
         return found[:limit]
 
-    def approve(self, run_id: str, approval_id: str, *, args_hash: str, by: str) -> None:
+    def approve(self, run_id: str, approval_id: str, *, args_hash: str, by: str) -> bool:
         """Let the call ``approval_id`` (``<turn>:<call>``) go out, as shown: ``args_hash`` is
-        the hash of the arguments the person saw. Single use; expires with the run."""
-        self._decide(run_id, approval_id, "approved", by, "", args_hash)
+        the hash of the arguments the person saw. Single use; expires with the run. The same
+        decision again by the same person is not refused: it answers False (applied already)
+        and sends the turn that acts on it again (after a ``MessageNotSentError``)."""
+        return self._decide(run_id, approval_id, "approved", by, "", args_hash)
 
-    def deny(self, run_id: str, approval_id: str, reason: str, *, args_hash: str, by: str) -> None:
-        """Refuse the call; the model is told ``reason`` and goes on."""
-        self._decide(run_id, approval_id, "denied", by, reason, args_hash)
+    def deny(self, run_id: str, approval_id: str, reason: str, *, args_hash: str, by: str) -> bool:
+        """Refuse the call; the model is told ``reason`` and goes on. True, False and a repeat
+        as ``approve``."""
+        return self._decide(run_id, approval_id, "denied", by, reason, args_hash)
 
     def _decide(
         self, run_id: str, marker: str, verdict: str, by: str, reason: str, args_hash: str
-    ) -> None:
+    ) -> bool:
         check_decision(by, reason)
         outcome = self.store.decide_approval(run_id, marker, verdict, by, reason, args_hash)
-        if outcome.status != "ok":
+        if decision_refusal(outcome.status):
             raise approval_refused(run_id, marker, outcome.status)
+        if outcome.status == "repeat" and outcome.values[1] != RunState.RUNNING.value:
+            return False  # the run went on past that turn, and ended: nothing to send
         try:
             send_turn(self.app, run_id, turn_of(marker))  # the turn goes on
         except Exception as exc:
             raise decision_not_sent(run_id, marker, verdict, exc) from exc
+        return outcome.status == "ok"
 
-    def abort_run(self, run_id: str, reason: str = "aborted by the user") -> None:
+    def abort_run(self, run_id: str, reason: str = "aborted by the user") -> bool:
         """Stop the run now: no more turns; the workers unwind what it did (or escalate past
-        its pivot) once its steps in flight settle."""
+        its pivot) once its steps in flight settle. The same abort again (the same reason)
+        is not refused: it answers False (applied already) and sends the unwind again if it
+        is still unsent (after a ``MessageNotSentError``)."""
         outcome = self.store.abort(run_id, abort_reason(reason))
         if must_unwind(run_id, outcome):
             try:
                 send_unwind(self.app, run_id)
             except Exception as exc:
                 raise unwind_not_sent(run_id, exc) from exc
+        return outcome.status == "ok"
 
 
 # -- what the sync client and the asyncio one (``saga.aio``) share ---------------------------
@@ -242,23 +262,30 @@ def turn_of(marker: str) -> int:
     return int(marker.split(":")[0])
 
 
-def approval_refused(run_id: str, marker: str, status: str) -> ApprovalError:
-    why = {
+def decision_refusal(status: str) -> str:
+    """Why ``decide_approval.lua`` refused a decision ('' when it stands: taken now, or this
+    very decision repeated, and the turn that acts on it is to be sent)."""
+    if status in ("ok", "repeat"):
+        return ""
+    return {
         "unknown": "no call awaits approval under this id",
         "decided": "it was decided already",
         "ended": "the run is no longer running",
         "mismatch": "the arguments are not the ones awaiting approval",
         "expired": "the request expired with the run's deadline",
     }.get(status, status)
-    return ApprovalError(f"run {run_id}, call {marker}: {why}")
+
+
+def approval_refused(run_id: str, marker: str, status: str) -> ApprovalError:
+    return ApprovalError(f"run {run_id}, call {marker}: {decision_refusal(status)}")
 
 
 def decision_not_sent(
     run_id: str, marker: str, verdict: str, exc: Exception
 ) -> MessageNotSentError:
+    logger.error("run %s: the broker did not take the turn of %s (%r)", run_id, marker, exc)
     return MessageNotSentError(
-        f"run {run_id}, call {marker}: {verdict}, but the broker did not take the turn "
-        f"that acts on it ({exc}); the reaper sends it at the run's deadline"
+        run_id, f"call {marker} {verdict}", "turn", "the same decision again"
     )
 
 
@@ -268,8 +295,9 @@ def abort_reason(reason: str) -> str:
 
 
 def must_unwind(run_id: str, outcome: Outcome) -> bool:
-    """What the abort script answered: True when this caller must send the unwind;
-    ``UnknownRunError`` / ``RunEndedError`` when there was nothing to abort."""
+    """What the abort script answered: True when this caller must send the unwind (a first
+    abort, or the same abort again after its unwind was refused); ``UnknownRunError`` /
+    ``RunEndedError`` when there was nothing to abort."""
     if outcome.status == "unknown":
         raise UnknownRunError(f"no run {run_id}")
     if outcome.status == "ended":
@@ -282,9 +310,9 @@ def send_unwind(app: Celery, run_id: str) -> None:
 
 
 def unwind_not_sent(run_id: str, exc: Exception) -> MessageNotSentError:
+    logger.error("run %s: the broker did not take its unwind (%r)", run_id, exc)
     return MessageNotSentError(
-        f"run {run_id} is aborted, but the broker did not take its unwind ({exc}): "
-        "abort_run again with the same reason sends it (the reaper does at its deadline)"
+        run_id, "aborted", "unwind", "the same abort again (the same reason)"
     )
 
 

@@ -125,11 +125,28 @@ class DispatchError(SagaError):
 
 
 class MessageNotSentError(SagaError):
-    """What the call decided is recorded, but the broker did not take the message that acts on
-    it (a hosted run's turn, an unwind). Nothing is lost: the reaper sends it at the run's
-    deadline, and the message says whether the same call again sends it sooner."""
+    """What the call asked for is applied, but the broker did not take the message that acts
+    on it; the same call again sends it (the reaper does at the run's deadline)."""
 
     retryable = True
+
+    def __init__(self, run_id: str, applied: str, pending: str, again: str) -> None:
+        # The broker's own error (its address among it) goes to the log, never in here: this
+        # message is what an API client reads.
+        super().__init__(
+            f"run {run_id}: {applied}, but the broker did not take its {pending}: {again} "
+            "sends it (the reaper does at the run's deadline)"
+        )
+        #: The run this applies to: a caller that retries names it (``run_id=...``).
+        self.run_id = run_id
+        #: What is recorded and stands: ``created``, ``approved``, ``aborted``, ...
+        self.applied = applied
+        #: The message still to send: ``turn 1``, ``unwind``.
+        self.pending = pending
+        self.again = again
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.applied, self.pending, self.again))
 
 
 class RunContendedError(SagaError):

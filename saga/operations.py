@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from saga import payload
 from saga.errors import (
-    DispatchError,
     EscalationResolvedError,
     InvalidArgumentsError,
     InvalidCorrectionError,
+    MessageNotSentError,
     NothingToRequeueError,
     OperationRefusedError,
     PayloadError,
@@ -68,6 +68,15 @@ def requeue(saga: Saga, run_id: str, corrections: Mapping[int, Mapping[str, Any]
             break
     else:
         raise OperationRefusedError(f"run {run_id} kept changing; requeue it again", retryable=True)
+    if outcome.status == "refused":
+        repeated = _repeated(saga, run_id, by, changes)
+        if repeated is not None:
+            owner, count = repeated
+            now = saga.picture(run_id).extra
+            if now.get("owner") == owner and now.get("sent") == "0":
+                _send_unwind(saga, run_id, owner)  # refused before, still unsent
+            logger.warning("run %s: %s asked again; applied already", run_id, owner)
+            return count
     if outcome.status == "resolved":
         raise EscalationResolvedError(f"run {run_id} was resolved by hand: {_said(outcome)}")
     if outcome.status == "uncorrectable":
@@ -79,13 +88,36 @@ def requeue(saga: Saga, run_id: str, corrections: Mapping[int, Mapping[str, Any]
         )
     owner, count = str(outcome.values[0]), int(outcome.values[1])
     _record_now(saga, run_id, owner)
-    if not saga.start_unwind(run_id, owner):
-        raise DispatchError(
-            f"run {run_id} is requeued, but the broker did not take its unwind: the reaper "
-            "sends it at the run's deadline (nothing to do again)"
-        )
+    _send_unwind(saga, run_id, owner)
     logger.warning("run %s: requeued %d compensation(s) by %r", run_id, count, by)
     return count
+
+
+def _repeated(
+    saga: Saga, run_id: str, by: str, changes: Mapping[str, Any]
+) -> tuple[str, int] | None:
+    """The requeue (owner, count) this one repeats: the run unwinds under a requeue whose
+    unwind the broker refused, made by the same person with the same corrected arguments.
+    That requeue again converges on it (its unwind sent), never a 409; two requeues at once,
+    where nothing was refused, stay one requeue and one refusal."""
+    picture = saga.picture(run_id)
+    owner = saga.store.refused(run_id)
+    if picture.state is not RunState.UNWINDING or not owner.startswith("requeue:"):
+        return None
+    generation = int(owner.rpartition(":")[2])
+    after = {step: fix["after"] for step, fix in changes.items()}
+    for action in picture.actions:
+        if action["generation"] == generation and action.get("by") == by:
+            recorded = action.get("corrections", {})
+            if {step: fix["after"] for step, fix in recorded.items()} == after:
+                return owner, int(action["count"])
+    return None
+
+
+def _send_unwind(saga: Saga, run_id: str, owner: str) -> None:
+    if not saga.start_unwind(run_id, owner):
+        saga.store.mark_refused(run_id, owner)
+        raise MessageNotSentError(run_id, "requeued", "unwind", "the same requeue again")
 
 
 def resolve(saga: Saga, escalation: str, *, note: str, by: str) -> EscalationRecord:

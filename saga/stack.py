@@ -75,6 +75,7 @@ _SCRIPTS = (
     "record_retry",
     "abort",
     "mark_sent",
+    "mark_refused",
     "begin_compensation",
     "record_compensation",
     "conclude",
@@ -126,7 +127,7 @@ class Outcome:
     def owns_unwind(self) -> bool:
         """True when this caller came to own the run's unwind (it must start it)."""
         return (
-            self.status in ("ok", "dup", "skip", "failed", "late")
+            self.status in ("ok", "dup", "skip", "failed", "late", "repeat")
             and bool(self.values)
             and self.values[0] in (1, "1")
         )
@@ -293,12 +294,12 @@ class RunStore:
 
     def awaiting_approval(self) -> list[str]:
         """The runs that asked a person about a call and may still be waiting, oldest first."""
-        with _reachable("awaiting_approval"):
+        with reachable("awaiting_approval"):
             return cast(list[str], self.client.zrange(AWAITING_APPROVAL_KEY, 0, -1))
 
     def done_awaiting(self, run_id: str) -> None:
         """The run no longer runs, so no call of it awaits a person any more."""
-        with _reachable("done_awaiting"):
+        with reachable("done_awaiting"):
             self.client.zrem(AWAITING_APPROVAL_KEY, run_id)
 
     # -- forward path ---------------------------------------------------------------------
@@ -420,11 +421,22 @@ class RunStore:
         return self._call("take_over", run_id, version, owner).status == "ok"
 
     def abort(self, run_id: str, reason: str, version: str = "") -> Outcome:
-        """``version``: abort only if the run is still at it (``moved`` otherwise)."""
+        """``version``: abort only if the run is still at it (``moved`` otherwise).
+        ``repeat``: this very abort (the same reason) was applied already, however far its
+        unwind got; it owns the unwind again only if that one was never sent."""
         return self._call("abort", run_id, reason, version)
 
     def mark_sent(self, run_id: str, owner: str) -> bool:
         return self._call("mark_sent", run_id, owner).status == "1"
+
+    def mark_refused(self, run_id: str, owner: str) -> bool:
+        """The broker refused the unwind of ``owner`` (still the owner, nothing sent)."""
+        return self._call("mark_refused", run_id, owner).status == "1"
+
+    def refused(self, run_id: str) -> str:
+        """The owner whose unwind the broker refused last ('' if none was)."""
+        with reachable("refused"):
+            return cast(str, self.client.hget(run_keys(run_id)[0], "refused") or "")
 
     # -- unwind path ----------------------------------------------------------------------
 
@@ -544,8 +556,9 @@ class RunStore:
     def decide_approval(
         self, run_id: str, marker: str, verdict: str, by: str, reason: str, args_hash: str
     ) -> Outcome:
-        """A person's decision on a hosted call awaiting approval: ``ok``, or ``unknown`` /
-        ``decided`` / ``ended`` / ``mismatch`` (other arguments) / ``expired``."""
+        """A person's decision on a hosted call awaiting approval: ``ok``; ``repeat`` (this
+        very decision, by the same person, was taken already); or ``unknown`` / ``decided`` /
+        ``ended`` / ``mismatch`` (other arguments) / ``expired``."""
         return self._call("decide_approval", run_id, marker, verdict, by, reason, args_hash)
 
     def record_refusal(self, run_id: str, marker: str, message: str) -> bool:
@@ -557,7 +570,7 @@ class RunStore:
         """Ask a person about the call ``marker`` (stamped with the Redis clock); first
         writer wins. Indexed first (``AWAITING_APPROVAL_KEY``): a request the index missed
         would be listed nowhere but on its run."""
-        with _reachable("request_approval"):
+        with reachable("request_approval"):
             self.client.zadd(AWAITING_APPROVAL_KEY, {run_id: self.now()}, nx=True)
         return self._call("request_approval", run_id, marker, request_json).status == "ok"
 

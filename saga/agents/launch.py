@@ -12,8 +12,10 @@ by it.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from saga import metrics
@@ -26,6 +28,17 @@ if TYPE_CHECKING:
     from saga.agents.agent import Agent
     from saga.stack import RunHead
 
+logger = logging.getLogger("saga.agents")
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What a start did: the run's id, and whether this call created it (the create script
+    decides: of two calls with one id at the same moment, exactly one created it)."""
+
+    run_id: str
+    created: bool
+
 
 def enqueue_run(
     store: RunStore,
@@ -37,24 +50,45 @@ def enqueue_run(
     max_input_bytes: int = 256 * 1024,
     deadline_open: bool = False,
 ) -> str:
-    """Create the run and its loop's state in one script, then send turn 1; return the id.
+    """``launch_run``, for callers that need the id only."""
+    return launch_run(
+        store, app, agent, input, run_id, deadline, max_input_bytes, deadline_open
+    ).run_id
+
+
+def launch_run(
+    store: RunStore,
+    app: Any,
+    agent: str,
+    input: str,
+    run_id: str | None = None,
+    deadline: float = 900,
+    max_input_bytes: int = 256 * 1024,
+    deadline_open: bool = False,
+) -> Launched:
+    """Create the run and its loop's state in one script, then send turn 1.
 
     The same ``run_id`` again is not an error: the run exists, so nothing is created, and
     turn 1 is sent again only if it has no answer yet (the first call may have died before
-    sending it; a second message of a turn only replays it)."""
+    sending it, or the broker refused it; a second message of a turn only replays it). So a
+    caller told ``MessageNotSentError`` converges on the one run by calling again with the
+    error's ``run_id``."""
     run_id, deadline = checked_run(agent, input, run_id, deadline, max_input_bytes)
-    if store.create(run_id, deadline, agent=agent, input_json=input, deadline_open=deadline_open):
+    created = store.create(
+        run_id, deadline, agent=agent, input_json=input, deadline_open=deadline_open
+    )
+    if created:
         metrics.run_started()
     else:
         existing = store.client.hget(agent_key(run_id), "name")
         started = store.client.hexists(agent_key(run_id), "1:answer")
         if not first_turn_due(run_id, agent, existing, started, store.head(run_id)):
-            return run_id
+            return Launched(run_id, created)
     try:
         send_turn(app, run_id, 1)
     except Exception as exc:
         raise first_turn_not_sent(run_id, exc) from exc
-    return run_id
+    return Launched(run_id, created)
 
 
 def checked_run(
@@ -85,10 +119,12 @@ def first_turn_due(
 
 
 def first_turn_not_sent(run_id: str, exc: Exception) -> MessageNotSentError:
-    """The error a web app gets when the run is created but its first turn was not sent."""
+    """The error a web app gets when the run is created but its first turn was not sent: it
+    names the run, what stands and what is pending, never the broker's address (the log has
+    the cause)."""
+    logger.error("run %s: the broker did not take turn 1 (%r)", run_id, exc)
     return MessageNotSentError(
-        f"run {run_id} is created, but the broker did not take its first turn ({exc}): "
-        "enqueue_run again with the same run id sends it (the reaper does at its deadline)"
+        run_id, "created", "turn 1", "starting it again with the same run id"
     )
 
 

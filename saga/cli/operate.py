@@ -27,6 +27,7 @@ from saga.cli.escalations import accepts
 from saga.errors import (
     DispatchError,
     InvalidCorrectionError,
+    MessageNotSentError,
     OperationRefusedError,
     UnknownEscalationError,
 )
@@ -98,7 +99,7 @@ def requeue(
         raise Failure(str(exc), ExitCode.USAGE) from exc
     except OperationRefusedError as exc:  # nothing to requeue, resolved by hand, ...
         bad_state(str(exc))
-    except DispatchError as exc:
+    except (DispatchError, MessageNotSentError) as exc:  # requeued; the same again sends it
         raise Failure(str(exc), ExitCode.UNREACHABLE) from exc
     result: dict[str, object] = {"run_id": run_id, "requeued": count, "by": by}
     if not wait:

@@ -4,9 +4,11 @@ local state = redis.call('HGET', RUN, 'state')
 if not state then return {'unknown'} end
 local to = move('run', state, 'abort')
 if not to then
-  -- A repeat of this very abort (its reply was lost) gets what the first call decided.
-  if state == 'unwinding' and redis.call('HGET', RUN, 'reason') == ARGV[1] then
-    return {'ok', still_mine('abort')}
+  -- A repeat of this very abort (its reply was lost, or the broker refused its unwind) is
+  -- told so, however far the unwind got, and owns the unwind again if the first one's is
+  -- still unsent.
+  if redis.call('HGET', RUN, 'reason') == ARGV[1] then
+    return {'repeat', still_mine('abort')}
   end
   return {'ended', state}
 end

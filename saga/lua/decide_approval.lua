@@ -7,7 +7,17 @@ local field = ARGV[1] .. ':approval'
 local pending = redis.call('HGET', AGENT, field)
 if not pending then return {'unknown'} end
 local decided = redis.call('HGET', AGENT, ARGV[1] .. ':decision')
-if decided then return {'decided', decided} end
+if decided then
+  -- A repeat of this very decision (its answer was lost, or the broker refused the turn that
+  -- acts on it) gets what the first one decided and the run's state: while it runs, its
+  -- caller sends that turn again.
+  local d = cjson.decode(decided)
+  if d.verdict == ARGV[2] and d.by == ARGV[3] and d.reason == ARGV[4] and d.args_hash == ARGV[5]
+  then
+    return {'repeat', decided, redis.call('HGET', RUN, 'state') or ''}
+  end
+  return {'decided', decided}
+end
 local state = redis.call('HGET', RUN, 'state')
 if state ~= 'running' then return {'ended', state or ''} end
 local request = cjson.decode(pending)

@@ -77,16 +77,19 @@ def start_run(
         _same_body(ctx, run_id, agent, input)
         if ctx.store.head(run_id) is None and ctx.records.run(run_id) is not None:
             return the_run(ctx, run_id), False  # ended, its keys expired: the record answers
-    existed = run_id is not None and ctx.store.head(run_id) is not None
-    started = ctx.client.enqueue_run(agent, input, run_id)
-    _same_body(ctx, started, agent, input)  # another request may have created it meanwhile
-    return the_run(ctx, started), not existed
+    # Created or not is the create script's word: of two requests at once, one is told so.
+    launched = ctx.client.launch(agent, input, run_id)
+    _same_body(ctx, launched.run_id, agent, input)  # another request may have created it
+    return the_run(ctx, launched.run_id), launched.created
 
 
 def _same_body(ctx: WebContext, run_id: str, agent: str, input: str) -> None:
+    # The run first, its agent then: the create script writes both at once, so a run seen
+    # here has its agent below, even when another request creates it between the two reads.
+    exists = ctx.store.head(run_id) is not None or ctx.records.run(run_id) is not None
     hosted = hosted_doc(ctx.store, ctx.records, run_id)
     if hosted is None:
-        if ctx.store.head(run_id) is not None or ctx.records.run(run_id) is not None:
+        if exists:
             raise RunExistsError(f"run {run_id} exists and no agent drives it")
         return
     if hosted.get("agent") != agent or hosted.get("input") != input:
@@ -121,15 +124,17 @@ def decide(
     args_hash: str,
     reason: str,
     by: str,
-) -> None:
-    """Approve or deny a call awaiting a person, bound to the arguments' hash they saw."""
+) -> bool:
+    """Approve or deny a call awaiting a person, bound to the arguments' hash they saw; False
+    when this very decision was taken already (a retry: its turn is sent again)."""
     if approve:
-        ctx.client.approve(run_id, approval_id, args_hash=args_hash, by=by)
+        now = ctx.client.approve(run_id, approval_id, args_hash=args_hash, by=by)
     else:
-        ctx.client.deny(run_id, approval_id, reason, args_hash=args_hash, by=by)
+        now = ctx.client.deny(run_id, approval_id, reason, args_hash=args_hash, by=by)
     logger.warning(
         "run %s: call %s %s by %r", run_id, approval_id, "approved" if approve else "denied", by
     )
+    return now
 
 
 def pending_approvals(ctx: WebContext, run_id: str | None = None) -> list[dict[str, Any]]:

@@ -4,7 +4,9 @@
 
 ``field`` names the input at fault (``body.reason``, ``query.cursor``, ``path.run_id``) when
 there is one; the fields an error carries (``run_id``, ``state``, ``retryable``) come beside it.
-Saga's errors map to statuses here, in one table.
+Saga's errors map to statuses here, in one table; nothing a refused request asked for has
+happened. One answer in that shape is no refusal: 202 ``not_sent`` (``MessageNotSentError``)
+says what was applied, on which run, and which message is pending.
 
 A 503 says what does not answer, never how it failed: the cause's text (a host, a port) goes
 to the server's log, as does every 500's traceback.
@@ -46,6 +48,7 @@ from saga.errors import (
 logger = logging.getLogger("saga.web")
 
 _WORDS = {
+    202: "not_sent",
     400: "bad_request",
     401: "unauthorized",
     403: "forbidden",
@@ -75,7 +78,7 @@ _STATUS: list[tuple[type[BaseException], int, str | None]] = [
     (OperationRefusedError, 409, None),
     (NoAppError, 503, None),
     (DispatchError, 503, None),
-    (MessageNotSentError, 503, None),
+    (MessageNotSentError, 202, None),
     (StoreUnavailableError, 503, None),
 ]
 
@@ -154,7 +157,36 @@ def validation_field(errors: list[Any]) -> tuple[str, str]:
     return location or "body", str(first.get("msg", "invalid input"))
 
 
+#: Seconds a client told ``not_sent`` waits before asking again (the broker was away).
+NOT_SENT_RETRY_AFTER = 5
+#: The 202 of the routes whose action sends a message, for their OpenAPI ``responses``.
+NOT_SENT: dict[int | str, dict[str, Any]] = {
+    202: {
+        "description": "applied, its message not sent (error not_sent: run_id, applied, "
+        "pending); the same request again sends it, the reaper does at the run's deadline"
+    }
+}
+
+
+def not_sent(exc: MessageNotSentError) -> JSONResponse:
+    """Applied, its message not sent: 202, not 503, so that no client retries blindly (a
+    create retried without its run id would be a second run). The fields say what stands and
+    what a retry with them (the run id) converges on; the reaper sends the message anyway."""
+    body = {
+        "error": _WORDS[202],
+        "message": str(exc),
+        "field": None,
+        "run_id": exc.run_id,
+        "applied": exc.applied,
+        "pending": exc.pending,
+    }
+    headers = {"Retry-After": str(NOT_SENT_RETRY_AFTER)}
+    return JSONResponse(body, status_code=202, headers=headers)
+
+
 async def on_saga_error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, MessageNotSentError):
+        return not_sent(exc)
     status, field = status_of(exc)
     if status == 500:
         logger.error("%s %s: unexpected error", request.method, request.url.path, exc_info=exc)
@@ -189,6 +221,7 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 __all__ = [
+    "NOT_SENT",
     "UNAVAILABLE",
     "SagaError",
     "fields_of",

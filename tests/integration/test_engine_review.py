@@ -17,7 +17,7 @@ from sqlalchemy.exc import DataError, OperationalError
 
 from saga import RunState, StepState
 from saga.constants import ACTIVE_RUNS_KEY, run_keys, step_idempotency_key
-from saga.errors import DispatchError
+from saga.errors import DispatchError, MessageNotSentError
 from saga.model import CompensationState
 from saga.reaper import ReapReport, _resolve
 from saga.worker import _on_revoked, _settle_success
@@ -225,8 +225,9 @@ def test_defect_6_a_requeue_whose_chain_is_lost_is_resumed_by_the_reaper(h: Harn
         raise ConnectionRefusedError("broker away")
 
     h.send_error = lost
-    with pytest.raises(DispatchError, match="the reaper sends it"):
+    with pytest.raises(MessageNotSentError, match="the reaper does") as refused:
         h.saga.requeue_failed_compensations(run_id)
+    assert (refused.value.run_id, refused.value.applied) == (run_id, "requeued")
     h.send_error = None
     assert run_id in h.saga.store.active_runs()
     report = h.saga.reap(now=h.saga.store.now() + 10)

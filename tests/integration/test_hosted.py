@@ -252,8 +252,10 @@ def test_a_turn_the_broker_refuses_is_a_clear_error_and_the_same_call_again_send
     run_id = f"refused-{uuid.uuid4().hex[:8]}"
     with monkeypatch.context() as patched:
         patched.setattr(client.app, "send_task", refused)
-        with pytest.raises(MessageNotSentError, match="enqueue_run again with the same run id"):
+        with pytest.raises(MessageNotSentError, match="again with the same run id") as refused:
             client.enqueue_run("refund", "Order 4921 arrived late: refund it.", run_id=run_id)
+    assert (refused.value.run_id, refused.value.applied) == (run_id, "created")
+    assert "Error 111" not in str(refused.value)  # the broker's address stays in the log
     assert client.get_run(run_id).state == "running"
 
     assert client.enqueue_run("refund", "Order 4921 arrived late: refund it.", run_id=run_id)
@@ -377,7 +379,8 @@ def awaiting(client: Client, run_id: str) -> dict[str, Any]:
 
 
 def test_an_approved_reply_goes_out_once_and_the_approval_is_single_use(client: Client) -> None:
-    """The run waits with the exact arguments; only their hash approves them, once."""
+    """The run waits with the exact arguments; only their hash approves them, once: the
+    same decision again is told it was applied already, another decision is refused."""
     run_id = client.enqueue_run("approver", "Tell Ada.")
     pending = awaiting(client, run_id)
     assert (pending["id"], pending["tool"]) == ("1:0", "send_reply")
@@ -385,13 +388,17 @@ def test_an_approved_reply_goes_out_once_and_the_approval_is_single_use(client: 
 
     with pytest.raises(ApprovalError, match="not the ones awaiting approval"):
         client.approve(run_id, "1:0", args_hash="0" * 64, by="ops@acme")
-    client.approve(run_id, "1:0", args_hash=pending["args_hash"], by="ops@acme")
+    assert client.approve(run_id, "1:0", args_hash=pending["args_hash"], by="ops@acme")
     status = ended(client, run_id)
 
     assert status.state == "completed" and status.final_text == "Sent."
     assert len(systems.outbox()) == 1
-    with pytest.raises(ApprovalError):
-        client.approve(run_id, "1:0", args_hash=pending["args_hash"], by="ops@acme")
+    assert not client.approve(run_id, "1:0", args_hash=pending["args_hash"], by="ops@acme")
+    with pytest.raises(ApprovalError, match="decided already"):
+        client.approve(run_id, "1:0", args_hash=pending["args_hash"], by="ops@other")
+    with pytest.raises(ApprovalError, match="decided already"):
+        client.deny(run_id, "1:0", "no", args_hash=pending["args_hash"], by="ops@acme")
+    assert len(systems.outbox()) == 1
 
 
 def test_a_denied_reply_is_fed_back_to_the_model(client: Client) -> None:

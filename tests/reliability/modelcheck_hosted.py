@@ -259,11 +259,11 @@ class HostedEngine(mc.Engine):
     def abort_run(self, run_id: str) -> None:
         self.client.abort_run(run_id, "the user gave up")
 
-    def decide(self, run_id: str, marker: str, verdict: str, hash_: str) -> None:
+    def decide(self, run_id: str, marker: str, verdict: str, hash_: str) -> bool | None:
+        """False for a repeat of the decision taken (True: taken now; None: old code)."""
         if verdict == "approved":
-            self.client.approve(run_id, marker, args_hash=hash_, by="checker")
-        else:
-            self.client.deny(run_id, marker, "not today", args_hash=hash_, by="checker")
+            return self.client.approve(run_id, marker, args_hash=hash_, by="checker")
+        return self.client.deny(run_id, marker, "not today", args_hash=hash_, by="checker")
 
     def deliver(self, name: str, kwargs: dict[str, Any], task: Any) -> Any:
         if name == AGENT_TURN_TASK:
@@ -732,7 +732,8 @@ class HostedCheck(ModelCheck):
     @step
     def decide(self, pick: int, how: str) -> None:
         """A person decides a requested call: approves it as shown, denies it, approves other
-        arguments than the request's (refused), or decides one already decided (refused)."""
+        arguments than the request's (refused), or decides one already decided (refused, or
+        told it was taken already when it repeats that very decision: nothing changes)."""
         requests = self.pending()
         # Mostly a request still open (of a running run); ``again``: one decided already.
         running = set(self.in_state("running"))
@@ -747,7 +748,7 @@ class HostedCheck(ModelCheck):
         if how == "approve_other":
             hash_ = args_hash(ToolCall("x", APPROVED_TOOL, {"to": "b@example.com"}))
         try:
-            self.engine.decide(run_id, marker, verdict, hash_)
+            now = self.engine.decide(run_id, marker, verdict, hash_)
         except Exception as exc:
             self.say(f"decide {marker} ({how}): {type(exc).__name__}: {first_line(exc)}")
             self.unexpected("decide", run_id, exc)
@@ -756,7 +757,7 @@ class HostedCheck(ModelCheck):
         self.touch(run_id, f"decided-{how}")
         if how == "approve_other":
             self.violation("approval-accepted-other-args", run_id, f"{marker}: accepted")
-        if decided:
+        if decided and now is not False:
             self.violation("approval-accepted-twice", run_id, f"{marker}: decided twice")
 
     # -- rules and steps from the engine check that do not apply --------------------------------

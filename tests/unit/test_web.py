@@ -3,6 +3,8 @@ error answers, a reason signed with its author, the API's settings."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import redis
 
@@ -118,3 +120,35 @@ def test_settings_come_from_the_environment_and_bad_ones_say_which(
     monkeypatch.setenv("SAGA_API_SECURE_COOKIES", "maybe")
     with pytest.raises(ConfigurationError, match="SAGA_API_SECURE_COOKIES"):
         WebSettings.from_env()
+
+
+def test_applied_but_not_sent_answers_202_with_what_stands() -> None:
+    """The error a refused message raises carries the run, what is applied and what waits,
+    survives a pickle (a worker's result), and answers 202 not_sent (no 503: nothing retries
+    it blindly) with those fields and Retry-After, and no broker address in its text."""
+    import pickle
+
+    from saga.errors import MessageNotSentError
+    from saga.web import problems
+
+    error = MessageNotSentError("r-1", "aborted", "unwind", "the same abort again")
+    again = pickle.loads(pickle.dumps(error))
+    assert (again.run_id, again.applied, again.pending, str(again)) == (
+        "r-1",
+        "aborted",
+        "unwind",
+        str(error),
+    )
+    assert again.retryable
+    answer = problems.not_sent(error)
+    body = json.loads(bytes(answer.body))
+    assert answer.status_code == 202 and answer.headers["Retry-After"].isdigit()
+    assert body == {
+        "error": "not_sent",
+        "message": "run r-1: aborted, but the broker did not take its unwind: the same abort "
+        "again sends it (the reaper does at the run's deadline)",
+        "field": None,
+        "run_id": "r-1",
+        "applied": "aborted",
+        "pending": "unwind",
+    }

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from saga.queries import escalation_rows, escalation_summary
 from saga.validation import parse_escalation_id
-from saga.web import actions
+from saga.web import actions, problems
 from saga.web.api.common import EscalationId
 from saga.web.api.schemas import EscalationList, Requeue, Requeued, Resolve
 from saga.web.auth import Context, Operator, Reader
@@ -44,7 +44,7 @@ def get_escalation(escalation_id: EscalationId, ctx: Context, holder: Reader) ->
     return actions.the_escalation(ctx, escalation_id)
 
 
-@router.post("/{escalation_id}/requeue", response_model=Requeued)
+@router.post("/{escalation_id}/requeue", response_model=Requeued, responses=problems.NOT_SENT)
 def requeue(
     escalation_id: EscalationId, ctx: Context, holder: Operator, body: Requeue | None = None
 ) -> Any:

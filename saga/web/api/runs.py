@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Response
 
 from saga.listing import RunFilter, page_of_runs
 from saga.model import RunState
-from saga.web import actions
+from saga.web import actions, problems
 from saga.web.api.common import RunId
 from saga.web.api.schemas import Abort, CreateRun, RunList
 from saga.web.auth import Context, Operator, Reader
@@ -17,7 +17,11 @@ from saga.web.auth import Context, Operator, Reader
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
 
-@router.post("", status_code=201, responses={200: {"description": "the run existed already"}})
+@router.post(
+    "",
+    status_code=201,
+    responses={200: {"description": "the run existed already"}, **problems.NOT_SENT},
+)
 def create_run(body: CreateRun, ctx: Context, holder: Operator, response: Response) -> Any:
     """Start a hosted agent run (201). With ``run_id``, idempotent: the same body again
     answers the existing run (200); another body under that id is a 409."""
@@ -68,7 +72,7 @@ def get_agent(run_id: RunId, ctx: Context, holder: Reader) -> Any:
     return actions.the_agent(ctx, run_id)
 
 
-@router.post("/{run_id}/abort")
+@router.post("/{run_id}/abort", responses=problems.NOT_SENT)
 def abort_run(run_id: RunId, ctx: Context, holder: Operator, body: Abort | None = None) -> Any:
     """Stop the run: no more turns; what it did is unwound (or escalated past its pivot) once
     its steps in flight settle. 409 if it already ended."""

@@ -144,3 +144,5 @@ class Decided(BaseModel):
     approval_id: str
     verdict: str
     by: str
+    #: True when an earlier request took this very decision (this one changed nothing).
+    repeated: bool = False

@@ -179,7 +179,8 @@ def test_pages_across_a_boundary_while_runs_are_created(web: Web) -> None:
 def test_a_call_awaiting_approval_is_listed_then_approved_once(web: Web, fresh_world: None) -> None:
     """The reply waits for a person: listed with its hash; a wrong hash is a 409, a read
     token a 403; approved with the hash, it goes out and the run completes, decided by
-    the token's name."""
+    the token's name; the same decision again changes nothing (200, repeated), another is a
+    409."""
     client = web.client(web.operate_token)
     run_id = client.post("/api/runs", json={"agent": "approver", "input": "reply"}).json()["run_id"]
     pending = wait_until(
@@ -200,11 +201,15 @@ def test_a_call_awaiting_approval_is_listed_then_approved_once(web: Web, fresh_w
         "approval_id": call["id"],
         "verdict": "approved",
         "by": "alice",
+        "repeated": False,
     }
     web.recorded(run_id, RunState.COMPLETED)
     assert len(systems.outbox()) == 1
     again = client.post(f"{url}/approve", json={"args_hash": call["args_hash"]})
-    assert again.status_code == 409
+    assert (again.status_code, again.json()["repeated"]) == (200, True)  # the same decision
+    other = client.post(f"{url}/deny", json={"args_hash": call["args_hash"], "reason": "no"})
+    assert other.status_code == 409
+    assert len(systems.outbox()) == 1
 
 
 # -- escalations -----------------------------------------------------------------------------
