@@ -29,7 +29,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from saga import metrics, payload
+from saga import extras, metrics, payload
 from saga.constants import (
     CONCLUDE_UNWIND_TASK,
     NOTIFY_TASK,
@@ -185,7 +185,7 @@ def _metrics_port_needs_the_client(ctx: Any, param: Any, value: int | None) -> i
 
     if value is not None and not metrics.installed():
         raise click.BadParameter(
-            "needs prometheus-client, which is not installed: pip install 'saga[metrics]'",
+            f"needs prometheus-client, which is not installed: {extras.install_hint('metrics')}",
             ctx,
             param,
         )

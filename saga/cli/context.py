@@ -50,7 +50,7 @@ class ExitCode(IntEnum):
     #: Redis, the broker or the records database did not answer.
     UNREACHABLE = 4
     #: An optional dependency the command needs is not installed (the message names the
-    #: extra: ``pip install 'saga[postgres]'``).
+    #: extra: ``pip install 'saga-compensation[postgres]'``).
     MISSING_EXTRA = 5
 
 

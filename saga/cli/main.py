@@ -20,6 +20,7 @@ from saga.cli.operate import reap, requeue, resolve
 from saga.cli.runs import runs, show
 from saga.cli.serve import serve
 from saga.cli.tokens import tokens
+from saga.extras import DISTRIBUTION
 
 APP_HELP = (
     "The application's Saga as module:attr (also SAGA_APP), for requeue, resolve and reap; "
@@ -116,7 +117,7 @@ def _failure(exc: Exception) -> Failure | None:
 
 @click.group(cls=_Saga, epilog=EXIT_CODES_HELP)
 @click.option("--app", "app_spec", envvar="SAGA_APP", metavar="MODULE:ATTR", help=APP_HELP)
-@click.version_option(package_name="saga")
+@click.version_option(package_name=DISTRIBUTION)
 @click.pass_context
 def cli(ctx: click.Context, app_spec: str | None) -> None:
     """Look at saga runs and escalations, and deal with them.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from saga.cli.context import ExitCode, Failure
+from saga.extras import install_hint
 
 
 @click.command()
@@ -15,11 +16,11 @@ from saga.cli.context import ExitCode, Failure
 @click.option("--root-path", help="Path prefix behind a proxy (SAGA_API_ROOT_PATH).")
 def serve(host: str | None, port: int | None, workers: int | None, root_path: str | None) -> None:
     """Serve the HTTP API (/api), the console (/console) and health (/health/live, /health/ready)
-    (`pip install 'saga[api]'`). Requeue and resolve need SAGA_APP=module:attr."""
+    (`pip install 'saga-compensation[api]'`). Requeue and resolve need SAGA_APP=module:attr."""
     try:
         from saga.web.server import serve as run
     except ImportError as exc:
         raise Failure(
-            f"the web server needs the api extra: pip install 'saga[api]' ({exc})", ExitCode.USAGE
+            f"the web server needs the api extra: {install_hint('api')} ({exc})", ExitCode.USAGE
         ) from exc
     run(host=host, port=port, workers=workers, root_path=root_path)

@@ -1,6 +1,6 @@
 """saga's pytest plugin: a private Redis, a real worker on your app, per-tool faults and a fake
-model, as fixtures (``docs/testing.md``). ``pip install saga`` registers it (entry point
-``pytest11``); nothing here runs unless a test asks for one of its fixtures.
+model, as fixtures (``docs/testing.md``). ``pip install 'saga-compensation[testing]'`` registers
+it (entry point ``pytest11``); nothing here runs unless a test asks for one of its fixtures.
 
 Options (command line, or the ini file):
 

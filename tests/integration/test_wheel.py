@@ -227,7 +227,7 @@ def installed(
         capture_output=True,
         env=_clean_env(),
     )
-    [wheel] = dist.glob("saga-*.whl")
+    [wheel] = dist.glob("saga_compensation-*.whl")
     venv = base / "venv"
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, env=_clean_env()
