@@ -20,6 +20,9 @@ WORKER_TOOLS_KEY = f"{KEY_PREFIX}:tools:workers"
 #: The tools callers know (name → when a caller last said so), published by each process's
 #: ``Saga`` on its first call: what a starting worker and ``saga doctor`` compare against.
 CALLER_TOOLS_KEY = f"{KEY_PREFIX}:tools:callers"
+#: How the workers' ``Saga`` is imported (``module:attr``), published by each worker as it
+#: starts: the ``--app`` a ``saga`` command run without one prints in the commands it shows.
+WORKER_APP_KEY = f"{KEY_PREFIX}:workers:app"
 #: Sorted set of the runs whose keys are in Redis, scored by their creation time (the run
 #: hash's ``created``): what a listing pages through, newest first. ``create.lua`` adds a run,
 #: the reaper drops it with the reaper's index once its keys are gone.

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 import redis
 
-from saga.constants import CALLER_TOOLS_KEY, WORKER_TOOLS_KEY
+from saga.constants import CALLER_TOOLS_KEY, WORKER_APP_KEY, WORKER_TOOLS_KEY
 from saga.errors import UnknownToolError
 
 
@@ -26,6 +26,17 @@ def publish_worker_tools(client: redis.Redis, names: Iterable[str]) -> None:
 
 def publish_caller_tools(client: redis.Redis, names: Iterable[str]) -> None:
     _publish(client, CALLER_TOOLS_KEY, names)
+
+
+def publish_worker_app(client: redis.Redis, spec: str) -> None:
+    """How this worker's ``Saga`` is imported; the last worker to start is the one named."""
+    client.set(WORKER_APP_KEY, spec)
+
+
+def worker_app(client: redis.Redis) -> str:
+    """The ``module:attr`` a worker published, or "" (none has, or it is unknown)."""
+    spec = client.get(WORKER_APP_KEY)
+    return spec.decode() if isinstance(spec, bytes) else str(spec or "")
 
 
 def worker_tools(client: redis.Redis) -> set[str]:

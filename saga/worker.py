@@ -59,7 +59,7 @@ from saga.retry import RetryPolicy
 from saga.stack import REVOKE_KILLED
 from saga.telemetry import traced_tool
 from saga.testing import FAULTS_ENV, faults_enabled
-from saga.tool_hosts import publish_worker_tools
+from saga.tool_hosts import publish_worker_app, publish_worker_tools
 
 if TYPE_CHECKING:
     from saga.engine import Saga
@@ -258,9 +258,15 @@ def _open_escalations(saga: Saga) -> int:
 
 def publish_worker_tools_of(saga: Saga) -> None:
     """Say which tools this worker runs, once it is ready (after every import of the app, so
-    a tool registered late is in), for callers to refuse the others at once."""
+    a tool registered late is in), for callers to refuse the others at once; and how its
+    ``Saga`` is imported, for the commands a ``saga`` run without ``--app`` prints."""
+    from saga.escalations.invocation import app_spec_of
+
     try:
         publish_worker_tools(saga.store.client, [tool.name for tool in saga.registry])
+        spec = app_spec_of(saga, saga.settings.app)
+        if spec:
+            publish_worker_app(saga.store.client, spec)
     except Exception:
         logger.exception("could not publish the tools this worker runs")
 

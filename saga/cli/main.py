@@ -95,7 +95,9 @@ def _failure(exc: Exception) -> Failure | None:
         return Failure(str(exc), ExitCode.USAGE)
     if isinstance(exc, errors.DatabaseSchemaError):
         return Failure(str(exc), ExitCode.BAD_STATE)
-    if isinstance(exc, errors.StoreUnavailableError | errors.ConfigurationError):
+    if isinstance(exc, errors.ConfigurationError):
+        return Failure(f"configuration: {exc}", ExitCode.USAGE)
+    if isinstance(exc, errors.StoreUnavailableError):
         return Failure(f"Redis: {exc}", ExitCode.UNREACHABLE)
     redis = sys.modules.get("redis")
     if redis is not None and isinstance(exc, redis.ConnectionError | redis.TimeoutError):

@@ -21,6 +21,7 @@ def serve(host: str | None, port: int | None, workers: int | None, root_path: st
         from saga.web.server import serve as run
     except ImportError as exc:
         raise Failure(
-            f"the web server needs the api extra: {install_hint('api')} ({exc})", ExitCode.USAGE
+            f"the web server needs the api extra: {install_hint('api')} ({exc})",
+            ExitCode.MISSING_EXTRA,
         ) from exc
     run(host=host, port=port, workers=workers, root_path=root_path)

@@ -55,6 +55,7 @@ from saga.records.rows import (
     step_rows,
     transcript_row,
 )
+from saga.settings import sqlite_file
 
 logger = logging.getLogger("saga.records")
 
@@ -107,6 +108,9 @@ class RecordStore:
     def __init__(self, url: str, *, upgrade: bool = True) -> None:
         from saga.records import migrations  # alembic: only where a store is opened
 
+        path = sqlite_file(url)
+        if path is not None and upgrade:  # SQLite makes the file, not its directory
+            path.parent.mkdir(parents=True, exist_ok=True)
         if upgrade:
             migrations.upgrade(url)
         else:
