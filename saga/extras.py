@@ -24,6 +24,12 @@ EXTRAS = {
     "pydantic_ai": "pydantic-ai",
     "agents": "openai-agents",
     "flask": "examples",
+    "fastapi": "api",
+    "starlette": "api",
+    "uvicorn": "api",
+    "jinja2": "api",
+    "multipart": "api",
+    "httpx": "testing",
 }
 
 

@@ -77,6 +77,7 @@ class Position:
 
 
 _SINCE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_EARLIEST = datetime(1, 1, 2, tzinfo=UTC).timestamp()
 _DURATION = re.compile(r"(\d{1,9}(?:\.\d{1,6})?)([smhdw])")
 
 
@@ -87,7 +88,10 @@ def parse_since(text: str, now: float | None = None) -> float:
     value = text.strip()
     match = _DURATION.fullmatch(value)
     if match:
-        return (time.time() if now is None else now) - float(match[1]) * _SINCE_UNITS[match[2]]
+        ago = (time.time() if now is None else now) - float(match[1]) * _SINCE_UNITS[match[2]]
+        if ago < _EARLIEST:  # what a date can say; SQL's columns hold no earlier one
+            raise ValueError(f"{value!r} reaches back before the year 1")
+        return ago
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:

@@ -120,6 +120,29 @@ print(json.dumps({"run_id": run.run_id, "state": run.wait(timeout=90).state.valu
 '''
 
 
+#: A project's agents in a module its app does not import (README: `--include myagents`).
+AGENTS_SOURCE = """
+from saga.agents import ScriptedPolicy
+from refunds_app import saga
+
+saga.agent("booker", ScriptedPolicy([[("book", {"amount": 5})], "booked"]))
+"""
+
+#: The project's own test, on saga's pytest plugin alone (its worker takes saga_include).
+KIT_TEST = """
+def test_the_included_agent_books(saga_app, saga_worker):
+    run_id = saga_app.enqueue_run("booker", "book 5")
+    assert saga_app.run(run_id).wait(timeout=60).state.value == "completed"
+"""
+
+KIT_INI = """[pytest]
+saga_app = refunds_app:saga
+saga_include = myagents
+pythonpath = .
+addopts = -p no:cacheprovider
+"""
+
+
 @dataclass
 class Installed:
     venv: Path
@@ -495,7 +518,7 @@ def test_serve_without_the_api_extra_names_it_and_exits_5(installed: Installed) 
 def test_a_malformed_redis_url_is_one_line_and_exit_2(installed: Installed, url: str) -> None:
     done = subprocess.run(
         ["saga", "runs"],
-        env={**installed.env, "SAGA_REDIS_URL": url},
+        env={**installed.env, "SAGA_REDIS_URL": url, "SAGA_REDIS_PASSWORD_FILE": ""},
         capture_output=True,
         text=True,
         timeout=60,
@@ -504,6 +527,32 @@ def test_a_malformed_redis_url_is_one_line_and_exit_2(installed: Installed, url:
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert f"SAGA_REDIS_URL={url!r}" in done.stderr, done.stderr
+
+
+def test_the_pytest_plugin_hosts_an_agent_of_an_included_module(installed: Installed) -> None:
+    # Given a project whose agent lives in a module the app does not import, and its test
+    kit = installed.app_dir.parent / "kit"
+    (kit / "tests").mkdir(parents=True, exist_ok=True)
+    shutil.copy(installed.app_dir / f"{APP}.py", kit / f"{APP}.py")
+    (kit / "myagents.py").write_text(AGENTS_SOURCE)
+    (kit / "tests" / "test_agent.py").write_text(KIT_TEST)
+    (kit / "pytest.ini").write_text(KIT_INI)
+    env = {k: v for k, v in installed.env.items() if not k.startswith(("SAGA_", "PYTHONPATH"))}
+
+    # When its tests run (the kit starts its own Redis and a worker with --include myagents)
+    done = subprocess.run(
+        [str(installed.venv / "bin" / "python"), "-m", "pytest", "-q"],
+        env=env,
+        cwd=kit,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+    # Then the worker hosted the agent: its run completed
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "1 passed" in done.stdout
 
 
 def _default_url(installed: Installed) -> str:
