@@ -14,6 +14,15 @@ ACTIVE_RUNS_KEY = f"{KEY_PREFIX}:active"
 #: The agents the workers host, by name (JSON: deadline, tools, approval), published by each
 #: worker as it starts: what lets a web app refuse a run of an agent no worker runs.
 AGENTS_KEY = f"{KEY_PREFIX}:agents"
+#: The tools the workers run (name → when a worker last said so), published by each worker as
+#: it starts: a caller refuses at once a call no worker would take (``saga.tool_hosts``).
+WORKER_TOOLS_KEY = f"{KEY_PREFIX}:tools:workers"
+#: The tools callers know (name → when a caller last said so), published by each process's
+#: ``Saga`` on its first call: what a starting worker and ``saga doctor`` compare against.
+CALLER_TOOLS_KEY = f"{KEY_PREFIX}:tools:callers"
+#: How the workers' ``Saga`` is imported (``module:attr``), published by each worker as it
+#: starts: the ``--app`` a ``saga`` command run without one prints in the commands it shows.
+WORKER_APP_KEY = f"{KEY_PREFIX}:workers:app"
 #: Sorted set of the runs whose keys are in Redis, scored by their creation time (the run
 #: hash's ``created``): what a listing pages through, newest first. ``create.lua`` adds a run,
 #: the reaper drops it with the reaper's index once its keys are gone.

@@ -39,6 +39,7 @@ from saga.records import EscalationRecord, RecordStore
 from saga.settings import Settings
 from saga.stack import RunStore
 from saga.testing import Faults, faults_enabled
+from saga.tool_hosts import CallerTools
 from saga.transport import declares_nothing, use_pooled_client_transport
 from saga.unwind import send_chain, unwind_chain
 from saga.validation import check_deadline, check_flag, check_run_id
@@ -101,7 +102,18 @@ class Saga:
         self._agents_published = False
         #: Escalation notices to the sinks of ``settings.notifications``.
         self.notifier = Notifier(self)
+        #: What this caller knows against what the workers run (``saga.tool_hosts``).
+        self.caller_tools = CallerTools(self.store.client, lambda: [t.name for t in registry])
         install(app, self)
+        registry.watch(self._tool_added)
+
+    def _tool_added(self, tool: Tool) -> None:
+        """A tool registered after this ``Saga`` was built: its task is installed at once, as
+        the others were, so a worker that imported the registration runs it."""
+        from saga.worker import install_tool
+
+        install_tool(self.app, self, tool)
+        self.caller_tools.tool_added()
 
     @property
     def records(self) -> RecordStore:
@@ -227,6 +239,7 @@ class Saga:
 
         tool = self.registry.offered(tool_name)
         assert tool.tool_class is not None
+        self.caller_tools.check(tool_name)
         wire_args = tool.validate(args)
         args_json = payload.dumps(
             wire_args, what=f"arguments of {tool_name}", limit=self.settings.max_payload_bytes

@@ -1,5 +1,5 @@
-"""The optional dependencies (``pip install 'saga[EXTRA]'``): which extra brings which module,
-so that a missing one is named in one line instead of a traceback.
+"""The optional dependencies (``pip install 'saga-compensation[EXTRA]'``): which extra brings
+which module, so that a missing one is named in one line instead of a traceback.
 """
 
 from __future__ import annotations
@@ -7,6 +7,10 @@ from __future__ import annotations
 import importlib.util
 
 from saga.errors import MissingExtraError
+
+#: The distribution's name on the package index (``saga`` there is another project); the import
+#: name and the command stay ``saga``.
+DISTRIBUTION = "saga-compensation"
 
 #: Top-level module → the extra that installs it.
 EXTRAS = {
@@ -20,6 +24,12 @@ EXTRAS = {
     "pydantic_ai": "pydantic-ai",
     "agents": "openai-agents",
     "flask": "examples",
+    "fastapi": "api",
+    "starlette": "api",
+    "uvicorn": "api",
+    "jinja2": "api",
+    "multipart": "api",
+    "httpx": "testing",
 }
 
 
@@ -29,7 +39,7 @@ def extra_for(module: str) -> str | None:
 
 
 def install_hint(extra: str) -> str:
-    return f"pip install 'saga[{extra}]'"
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
 
 
 def missing(error: ModuleNotFoundError, needed_for: str = "") -> MissingExtraError | None:

@@ -237,6 +237,30 @@ def warn_stale_shapes(saga: Saga) -> None:
         logger.warning("saga: stale shapes not looked for in %s", part)
 
 
+def unknown_tools(saga: Saga) -> list[str]:
+    """The tools callers published (``saga.tool_hosts``) that this app does not register."""
+    from saga.tool_hosts import caller_tools
+
+    return sorted(caller_tools(saga.store.client) - {tool.name for tool in saga.registry})
+
+
+def warn_unknown_tools(saga: Saga) -> None:
+    """The worker's start-up: warn, never refuse. Callers' entries outlive their deploys (a
+    tool removed on purpose stays listed), and a worker refused would take no tool at all."""
+    try:
+        missing = unknown_tools(saga)
+    except Exception as exc:
+        logger.warning("saga: could not compare the callers' tools with this worker's: %r", exc)
+        return
+    if missing:
+        logger.warning(
+            "saga: callers know tools this worker does not register: %s; a message of one of "
+            "them would be dropped as unregistered (register them in the app module this "
+            "worker imports, or ignore this if they were removed on purpose)",
+            ", ".join(missing),
+        )
+
+
 def shape_problem(saga: Saga, tool_name: str, args: dict[str, Any] | None) -> str:
     """Why the deployed registry refuses a call of ``tool_name`` with ``args`` ('' if it
     takes it; ``args`` None: only the name is checked)."""

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -75,6 +77,31 @@ class Position:
         if not run_id or not 0 <= position.created_us <= _LAST_US:
             raise InvalidCursorError(f"cursor {cursor[:40]!r} is not one a listing gave")
         return position
+
+
+_SINCE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_EARLIEST = datetime(1, 1, 2, tzinfo=UTC).timestamp()
+_DURATION = re.compile(r"(\d{1,9}(?:\.\d{1,6})?)([smhdw])")
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """A ``since`` as a person writes it, the same for the ``saga`` command and the API:
+    ``30m``, ``2h``, ``7d``, ``1w`` (that long before ``now``), or an ISO 8601 date/time
+    (UTC unless it says otherwise) → seconds since the epoch. ``ValueError`` otherwise."""
+    value = text.strip()
+    match = _DURATION.fullmatch(value)
+    if match:
+        ago = (time.time() if now is None else now) - float(match[1]) * _SINCE_UNITS[match[2]]
+        if ago < _EARLIEST:  # what a date can say; SQL's columns hold no earlier one
+            raise ValueError(f"{value!r} reaches back before the year 1")
+        return ago
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is neither a duration (30m, 2h, 7d) nor an ISO date") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
 
 
 def micros(timestamp: float) -> int:
@@ -229,7 +256,7 @@ def _redis_rows(store: RunStore, where: RunFilter, after: Position | None) -> _S
         scanned += len(entries)
         kept = [r for r in _heads(store, fresh) if by_head.keeps(r)]
         if where.tool is not None:  # the steps are read for the runs kept so far only
-            kept = [r for r in _with_tools(store, kept) if where.keeps(r)]
+            kept = [r for r in with_tools(store, kept) if where.keeps(r)]
         source.rows += kept
         if len(entries) < batch:
             source.horizon = None  # the index is exhausted: every entry was seen
@@ -285,12 +312,21 @@ def _row_of_head(
     )
 
 
-def _with_tools(store: RunStore, rows: list[RunRow]) -> list[RunRow]:
+def with_tools(store: RunStore, rows: list[RunRow]) -> list[RunRow]:
+    """``rows`` with the tools of their steps, read from Redis for the live ones (a page
+    reads them only to filter by tool; ``saga runs`` shows them). Rows from the records
+    have theirs already."""
+    rows = list(rows)
+    live = [i for i, row in enumerate(rows) if row.source == "redis" and not row.tools]
+    if not live:
+        return rows
     with store.client.pipeline(transaction=False) as pipe:
-        for row in rows:
-            pipe.hgetall(run_keys(row.run_id)[1])
+        for i in live:
+            pipe.hgetall(run_keys(rows[i].run_id)[1])
         steps = pipe.execute()
-    return [replace(row, tools=_tools(s)) for row, s in zip(rows, steps, strict=True)]
+    for i, found in zip(live, steps, strict=True):
+        rows[i] = replace(rows[i], tools=_tools(found))
+    return rows
 
 
 def _tools(steps: dict[str, str]) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""Prometheus metrics (``pip install 'saga[metrics]'``): what the workers did, by tool.
+"""Prometheus metrics (``pip install 'saga-compensation[metrics]'``): what the workers did, by tool.
 
 Counters move in the process where the thing happens (a step on the worker that ran it, a run
 started in the process that called ``start_run``), in prometheus-client's default registry, so
@@ -21,6 +21,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from saga.extras import install_hint
 
 logger = logging.getLogger("saga.metrics")
 
@@ -222,9 +224,7 @@ class MetricsServer:
 
     def __init__(self, port: int, address: str, open_escalations: Callable[[], int]) -> None:
         if prometheus_client is None:
-            raise RuntimeError(
-                "--metrics-port needs prometheus-client: pip install 'saga[metrics]'"
-            )
+            raise RuntimeError(f"--metrics-port needs prometheus-client: {install_hint('metrics')}")
         from prometheus_client import multiprocess
 
         self._own_directory = ""

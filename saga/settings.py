@@ -16,7 +16,29 @@ from saga.errors import ConfigurationError
 from saga.notifications.settings import NotifySettings
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
-DEFAULT_DATABASE_URL = "sqlite:///saga.db"
+
+
+def data_dir() -> Path:
+    """Where saga keeps its own files when told nothing: one directory per user
+    (``$XDG_DATA_HOME/saga``, else ``~/.local/share/saga``), never the current directory, so
+    the workers, ``saga serve`` and every ``saga`` command find the same records (and API
+    tokens) wherever they are started."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "saga"
+
+
+def default_database_url() -> str:
+    """The records when ``SAGA_DATABASE_URL`` is unset: SQLite in ``data_dir()``."""
+    return f"sqlite:///{data_dir() / 'saga.db'}"
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a ``sqlite://`` URL names, or None (another database, or one in memory)."""
+    scheme, sep, rest = url.partition(":///")
+    if not sep or scheme.partition("+")[0] != "sqlite":
+        return None
+    path = rest.partition("?")[0]
+    return None if path in ("", ":memory:") else Path(path)
 
 
 #: ``scheme://userinfo@`` up to the last ``@``: a password may hold ``/``, ``:`` or ``@``.
@@ -91,9 +113,31 @@ def redis_url_from_env(name: str, default: str) -> str:
     return with_password(url, secret_from_env("SAGA_REDIS_PASSWORD"))
 
 
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def check_redis_url(name: str, url: str) -> None:
+    """``ConfigurationError`` naming ``name`` when ``url`` is not a Redis URL redis-py can
+    open: said in one line where it is read, not as a traceback from deep in a connection."""
+    shown = masked(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError as exc:
+        raise ConfigurationError(f"{name}={shown!r} is not a Redis URL: {exc}") from None
+    if parts.scheme not in _REDIS_SCHEMES:
+        expected = ", ".join(f"{s}://" for s in _REDIS_SCHEMES)
+        raise ConfigurationError(
+            f"{name}={shown!r} is not a Redis URL: it must start with {expected}"
+        )
+    db = parts.path.strip("/")
+    if parts.scheme != "unix" and db and not db.isdigit():
+        raise ConfigurationError(f"{name}={shown!r}: the database must be a number, got {db!r}")
+
+
 def database_url_from_env() -> str:
     """``SAGA_DATABASE_URL`` with ``SAGA_DATABASE_PASSWORD`` (or ``..._FILE``) put in."""
-    url = os.environ.get("SAGA_DATABASE_URL") or DEFAULT_DATABASE_URL
+    url = os.environ.get("SAGA_DATABASE_URL") or default_database_url()
     return with_password(url, secret_from_env("SAGA_DATABASE_PASSWORD"))
 
 
@@ -102,7 +146,7 @@ class Settings:
     #: Redis holding the compensation stacks (workflow state, so never an evicting instance).
     redis_url: str = DEFAULT_REDIS_URL
     #: Where runs and escalations are recorded for people (SQLite file or PostgreSQL).
-    database_url: str = DEFAULT_DATABASE_URL
+    database_url: str = field(default_factory=default_database_url)
     #: How long a finished run's Redis keys stay readable.
     retention_seconds: int = 7 * 24 * 3600
     #: Largest JSON argument set, result, undo record or model answer accepted.
@@ -151,6 +195,9 @@ class Settings:
         env = os.environ
         broker_url = env.get("SAGA_BROKER_URL") or DEFAULT_REDIS_URL
         redis_url = redis_url_from_env("SAGA_REDIS_URL", broker_url)
+        check_redis_url(
+            "SAGA_REDIS_URL" if env.get("SAGA_REDIS_URL") else "SAGA_BROKER_URL", redis_url
+        )
         redis_options: dict[str, object] = {}
         if redis_url.startswith("rediss://"):
             # Certificates are always checked; the files come from the same variables as the

@@ -110,6 +110,13 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        #: Told of each tool registered from now on: a ``Saga`` built on this registry installs
+        #: its Celery task at once, so a tool registered after the ``Saga`` runs like the others.
+        self._watchers: list[Callable[[Tool], None]] = []
+
+    def watch(self, added: Callable[[Tool], None]) -> None:
+        """Call ``added`` with every tool registered after this call."""
+        self._watchers.append(added)
 
     def tool(
         self, tool_class: ToolClass | int, **options: Any
@@ -230,6 +237,8 @@ class ToolRegistry:
             wants_context=wants_context,
             lookup=options.get("lookup"),
         )
+        for added in self._watchers:
+            added(self._tools[name])
 
 
 def _problem(error: ErrorDetails) -> str:

@@ -29,7 +29,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from saga import metrics, payload
+from saga import extras, metrics, payload
 from saga.constants import (
     CONCLUDE_UNWIND_TASK,
     NOTIFY_TASK,
@@ -46,7 +46,12 @@ from saga.errors import (
     StoreUnavailableError,
     ToolRejected,
 )
-from saga.guard import configuration_problems, records_schema_problems, warn_stale_shapes
+from saga.guard import (
+    configuration_problems,
+    records_schema_problems,
+    warn_stale_shapes,
+    warn_unknown_tools,
+)
 from saga.model import StepContext, ToolClass
 from saga.notifications import task as notify_task
 from saga.reaper import mark_in_doubt, reconcile
@@ -54,6 +59,7 @@ from saga.retry import RetryPolicy
 from saga.stack import REVOKE_KILLED
 from saga.telemetry import traced_tool
 from saga.testing import FAULTS_ENV, faults_enabled
+from saga.tool_hosts import publish_worker_app, publish_worker_tools
 
 if TYPE_CHECKING:
     from saga.engine import Saga
@@ -79,12 +85,17 @@ def install(app: Celery, saga: Saga) -> None:
     from saga.agents.hosted import install_turn_tasks, publish_hosted_agents
 
     for tool in saga.registry:
-        _install_tool(app, saga, tool)
+        install_tool(app, saga, tool)
     install_turn_tasks(app, saga)
     worker_ready.connect(
         lambda sender=None, **_: publish_hosted_agents(saga),
         weak=False,
         dispatch_uid=f"saga-agents-{id(app)}",
+    )
+    worker_ready.connect(
+        lambda sender=None, **_: publish_worker_tools_of(saga),
+        weak=False,
+        dispatch_uid=f"saga-tools-{id(app)}",
     )
     notify_task.install_notify_task(app, saga)
     _install_metrics(app, saga)
@@ -112,6 +123,7 @@ def install(app: Celery, saga: Saga) -> None:
         if faults_enabled():
             logger.warning("FAULT INJECTION IS ENABLED (%s=1): never in production", FAULTS_ENV)
         warn_stale_shapes(saga)  # logs what an unwind would meet; never refuses
+        warn_unknown_tools(saga)  # names what callers know and this worker lacks
         if problems:
             message = "saga: refusing to start the worker:\n  - " + "\n  - ".join(problems)
             logger.critical(message)
@@ -185,7 +197,7 @@ def _metrics_port_needs_the_client(ctx: Any, param: Any, value: int | None) -> i
 
     if value is not None and not metrics.installed():
         raise click.BadParameter(
-            "needs prometheus-client, which is not installed: pip install 'saga[metrics]'",
+            f"needs prometheus-client, which is not installed: {extras.install_hint('metrics')}",
             ctx,
             param,
         )
@@ -244,7 +256,22 @@ def _open_escalations(saga: Saga) -> int:
         return int(connection.execute(query).scalar_one())
 
 
-def _install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
+def publish_worker_tools_of(saga: Saga) -> None:
+    """Say which tools this worker runs, once it is ready (after every import of the app, so
+    a tool registered late is in), for callers to refuse the others at once; and how its
+    ``Saga`` is imported, for the commands a ``saga`` run without ``--app`` prints."""
+    from saga.escalations.invocation import app_spec_of
+
+    try:
+        publish_worker_tools(saga.store.client, [tool.name for tool in saga.registry])
+        spec = app_spec_of(saga, saga.settings.app)
+        if spec:
+            publish_worker_app(saga.store.client, spec)
+    except Exception:
+        logger.exception("could not publish the tools this worker runs")
+
+
+def install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
     @app.task(name=tool_task_name(tool.name), **_TASK_OPTIONS)
     @traced_tool(tool)  # timed by outcome, and a span (saga.telemetry)
     def run_tool(

@@ -15,12 +15,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import re
 import sys
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import IntEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -50,7 +49,7 @@ class ExitCode(IntEnum):
     #: Redis, the broker or the records database did not answer.
     UNREACHABLE = 4
     #: An optional dependency the command needs is not installed (the message names the
-    #: extra: ``pip install 'saga[postgres]'``).
+    #: extra: ``pip install 'saga-compensation[postgres]'``).
     MISSING_EXTRA = 5
 
 
@@ -155,29 +154,56 @@ class Env:
 
     @property
     def records(self) -> RecordStore:
-        if self._saga is not None:
-            return self._saga.records
         if self._records is None:
-            from saga.records import RecordStore
-
             settings = self.settings
-            self._records = RecordStore(
-                settings.database_url, upgrade=settings.database_auto_upgrade
-            )
-            self._opened.append(self._records)
+            fresh = _missing_sqlite_file(settings.database_url)
+            if self._saga is not None:
+                self._records = self._saga.records
+            else:
+                from saga.records import RecordStore
+
+                self._records = RecordStore(
+                    settings.database_url, upgrade=settings.database_auto_upgrade
+                )
+                self._opened.append(self._records)
+            if fresh is not None:
+                # Never silently: an empty answer from a database nobody writes to would read
+                # as "nothing escalated" while the workers record elsewhere.
+                click.echo(
+                    f"saga: the records database {fresh} did not exist: created it, empty. "
+                    "If the workers record elsewhere, set SAGA_DATABASE_URL to theirs.",
+                    err=True,
+                )
         return self._records
 
-    def command(self) -> str:
-        """How to invoke ``saga`` again here (with the app this one was given)."""
+    def command(self, store: RunStore | None = None) -> str:
+        """How to invoke ``saga`` again here: with the app this one was given, else (when
+        ``store`` is given) the one the workers published, so that a printed ``requeue``,
+        which imports the app, works as printed."""
         from saga.escalations.invocation import saga_command
 
-        return saga_command(self.app_spec or "")
+        spec = self.app_spec or ""
+        if not spec and store is not None:
+            from saga.tool_hosts import worker_app
+
+            try:
+                spec = worker_app(store.client)
+            except Exception:  # the commands are printed still, without it
+                spec = ""
+        return saga_command(spec)
 
     def close(self) -> None:
         for thing in self._opened:
             closer = getattr(thing, "dispose", None) or getattr(thing, "close", None)
             if closer is not None:
                 closer()
+
+
+def _missing_sqlite_file(url: str) -> Path | None:
+    from saga.settings import sqlite_file
+
+    path = sqlite_file(url)
+    return path.resolve() if path is not None and not path.exists() else None
 
 
 def load_saga(spec: str) -> Saga:
@@ -211,29 +237,19 @@ def load_saga(spec: str) -> Saga:
 
 # -- input -----------------------------------------------------------------------------------
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
 
 def parse_since(
     ctx: click.Context | None, param: click.Parameter | None, value: str | None
 ) -> float | None:
-    """``--since``: ``30m``, ``2h``, ``7d`` (ago), or an ISO date/time (UTC unless it says
-    otherwise) → seconds since the epoch."""
+    """``--since``: as the API takes it (``saga.listing.parse_since``)."""
     if value is None:
         return None
-    text = value.strip()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", text)
-    if match:
-        return time.time() - float(match[1]) * _UNITS[match[2]]
+    from saga.listing import parse_since as parse
+
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(
-            f"{text!r} is neither a duration (30m, 2h, 7d) nor an ISO date", ctx, param
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+        return parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 def parse_escalation_id(ctx: click.Context | None, param: Any, value: str) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import click
 
 from saga.cli.context import Env, ExitCode, Failure, emit_json, mask
-from saga.constants import TURN_QUEUE
+from saga.constants import TOOL_TASK_PREFIX, TURN_QUEUE
 from saga.errors import DatabaseSchemaError
 
 if TYPE_CHECKING:
@@ -80,6 +80,7 @@ def run_checks(env: Env) -> list[Check]:
     checks += _database_checks(settings.database_url)
     if broker_up:
         checks += _worker_checks(app, saga)
+        checks.append(_tools_check(env, app, saga, redis_up))
     else:
         checks.append(Check("workers", "skip", "the broker does not answer"))
     checks.append(_beat_check(env, saga) if redis_up else Check("beat", "skip", "no Redis"))
@@ -257,6 +258,49 @@ def _worker_checks(app: Celery, saga: Saga | None) -> list[Check]:
         detail = f"no worker consumes {TURN_QUEUE!r}: hosted turns and web aborts would wait"
         checks.append(Check("turn queue", "fail" if hosted else "warn", detail))
     return checks
+
+
+def _tools_check(env: Env, app: Celery, saga: Saga | None, redis_up: bool) -> Check:
+    """The tools the callers know (as they published them, and the app's own) that a worker
+    has not registered: that worker drops their messages, and their steps wait for the
+    reaper."""
+
+    def probe() -> Check:
+        from saga.tool_hosts import caller_tools
+
+        known = caller_tools(env.store.client) if redis_up else set()
+        if saga is not None:
+            known |= {tool.name for tool in saga.registry}
+        if not known:
+            return Check("tools", "skip", "no caller published its tools, and no app (--app)")
+        replies = app.control.inspect(timeout=TIMEOUT / 2).registered() or {}
+        if not replies:
+            return Check("tools", "skip", "no worker answered")
+        lacking = {
+            node: sorted(known - _tool_names(tasks or []))
+            for node, tasks in sorted(replies.items())
+        }
+        found = [f"{node} lacks {', '.join(names)}" for node, names in lacking.items() if names]
+        if found:
+            detail = "; ".join(found)
+            return Check(
+                "tools",
+                "fail",
+                f"{detail}: their messages are dropped as unregistered (register them in the "
+                "app module the workers import, and restart them)",
+            )
+        return Check("tools", "ok", f"every worker runs the {len(known)} tool(s) callers know")
+
+    return _probe("tools", probe)
+
+
+def _tool_names(tasks: list[str]) -> set[str]:
+    """Tool names among a worker's registered task names (``tools.<name>``)."""
+    return {
+        task.split(" ", 1)[0].removeprefix(TOOL_TASK_PREFIX)
+        for task in tasks
+        if task.startswith(TOOL_TASK_PREFIX)
+    }
 
 
 def _beat_check(env: Env, saga: Saga | None) -> Check:

@@ -82,11 +82,12 @@ def show_escalation(env: Env, escalation_id: str, fmt: str | None) -> None:
     from saga.cli.queries import escalation_doc
     from saga.escalations import to_json, to_markdown, to_rich
 
+    store = env.store_if_reachable()
     doc = escalation_doc(
-        env.store_if_reachable(),
+        store,
         env.records,
         escalation_id,
-        command=env.command(),
+        command=env.command(store),
         corrections=corrections_supported(),
     )
     if doc is None:

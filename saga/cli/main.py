@@ -20,6 +20,7 @@ from saga.cli.operate import reap, requeue, resolve
 from saga.cli.runs import runs, show
 from saga.cli.serve import serve
 from saga.cli.tokens import tokens
+from saga.extras import DISTRIBUTION
 
 APP_HELP = (
     "The application's Saga as module:attr (also SAGA_APP), for requeue, resolve and reap; "
@@ -94,7 +95,9 @@ def _failure(exc: Exception) -> Failure | None:
         return Failure(str(exc), ExitCode.USAGE)
     if isinstance(exc, errors.DatabaseSchemaError):
         return Failure(str(exc), ExitCode.BAD_STATE)
-    if isinstance(exc, errors.StoreUnavailableError | errors.ConfigurationError):
+    if isinstance(exc, errors.ConfigurationError):
+        return Failure(f"configuration: {exc}", ExitCode.USAGE)
+    if isinstance(exc, errors.StoreUnavailableError):
         return Failure(f"Redis: {exc}", ExitCode.UNREACHABLE)
     redis = sys.modules.get("redis")
     if redis is not None and isinstance(exc, redis.ConnectionError | redis.TimeoutError):
@@ -116,7 +119,7 @@ def _failure(exc: Exception) -> Failure | None:
 
 @click.group(cls=_Saga, epilog=EXIT_CODES_HELP)
 @click.option("--app", "app_spec", envvar="SAGA_APP", metavar="MODULE:ATTR", help=APP_HELP)
-@click.version_option(package_name="saga")
+@click.version_option(package_name=DISTRIBUTION)
 @click.pass_context
 def cli(ctx: click.Context, app_spec: str | None) -> None:
     """Look at saga runs and escalations, and deal with them.

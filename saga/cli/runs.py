@@ -50,9 +50,13 @@ def runs(
     from rich.text import Text
 
     from saga.cli.queries import RunFilter, list_runs
+    from saga.listing import with_tools
 
     where = RunFilter(states=states, agent=agent, tool=tool, since=since, limit=limit)
-    rows = list_runs(env.store_if_reachable(), env.records, where)
+    store = env.store_if_reachable()
+    rows = list_runs(store, env.records, where)
+    if store is not None:  # the steps column: a listing reads them only to filter by tool
+        rows = with_tools(store, rows)
     if as_json:
         emit_json({"schema_version": 1, "runs": [r.to_dict() for r in rows]})
         return
@@ -65,7 +69,11 @@ def runs_table(rows: Sequence[RunRow]) -> Table:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(caption="open escalation: saga escalation show RUN:N", caption_justify="left")
+    # The footer explains the "open esc." column, so only when some row has one.
+    caption = (
+        "open escalation: saga escalation show RUN:N" if any(r.escalation for r in rows) else None
+    )
+    table = Table(caption=caption, caption_justify="left")
     table.add_column("run", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("agent", no_wrap=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from saga.cli.context import ExitCode, Failure
+from saga.extras import missing
 
 
 @click.command()
@@ -15,11 +16,15 @@ from saga.cli.context import ExitCode, Failure
 @click.option("--root-path", help="Path prefix behind a proxy (SAGA_API_ROOT_PATH).")
 def serve(host: str | None, port: int | None, workers: int | None, root_path: str | None) -> None:
     """Serve the HTTP API (/api), the console (/console) and health (/health/live, /health/ready)
-    (`pip install 'saga[api]'`). Requeue and resolve need SAGA_APP=module:attr."""
+    (`pip install 'saga-compensation[api]'`). Requeue and resolve need SAGA_APP=module:attr."""
     try:
+        # The app itself, not only the server: uvicorn imports the app later, by name, where
+        # a missing FastAPI would be a traceback.
+        import saga.web.app  # noqa: F401
         from saga.web.server import serve as run
-    except ImportError as exc:
-        raise Failure(
-            f"the web server needs the api extra: pip install 'saga[api]' ({exc})", ExitCode.USAGE
-        ) from exc
+    except ModuleNotFoundError as exc:
+        error = missing(exc, "for saga serve")
+        if error is None:
+            raise
+        raise Failure(str(error), ExitCode.MISSING_EXTRA) from exc
     run(host=host, port=port, workers=workers, root_path=root_path)

@@ -2,9 +2,9 @@
 is a step of a saga run, with the same rules as our own loop (``saga.agents``).
 
 - ``saga.integrations.pydantic_ai.SagaToolset``: a Pydantic AI toolset
-  (``pip install 'saga[pydantic-ai]'``).
+  (``pip install 'saga-compensation[pydantic-ai]'``).
 - ``saga.integrations.openai_agents.function_tools``: OpenAI Agents SDK function tools
-  (``pip install 'saga[openai-agents]'``).
+  (``pip install 'saga-compensation[openai-agents]'``).
 
 Both offer the tools of a run's ``Saga`` (never its compensations), described as our loop
 describes them; send each call through the run's dispatcher and wait for its step; tell the

@@ -27,7 +27,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised with the framework hidden
     raise ImportError(
         "saga.integrations.openai_agents needs the OpenAI Agents SDK: "
-        "pip install 'saga[openai-agents]'"
+        "pip install 'saga-compensation[openai-agents]'"
     ) from exc
 
 from saga.agents.agent import OnFailure

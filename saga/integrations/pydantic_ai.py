@@ -28,7 +28,8 @@ try:
     from pydantic_core import SchemaValidator, core_schema
 except ImportError as exc:  # pragma: no cover - exercised with the framework hidden
     raise ImportError(
-        "saga.integrations.pydantic_ai needs Pydantic AI: pip install 'saga[pydantic-ai]'"
+        "saga.integrations.pydantic_ai needs Pydantic AI: "
+        "pip install 'saga-compensation[pydantic-ai]'"
     ) from exc
 
 from saga.agents.agent import OnFailure

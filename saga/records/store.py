@@ -58,6 +58,7 @@ from saga.records.rows import (
 from saga.records.rows import (
     escalation_id as escalation_id_of,
 )
+from saga.settings import sqlite_file
 
 logger = logging.getLogger("saga.records")
 
@@ -110,6 +111,9 @@ class RecordStore:
     def __init__(self, url: str, *, upgrade: bool = True) -> None:
         from saga.records import migrations  # alembic: only where a store is opened
 
+        path = sqlite_file(url)
+        if path is not None and upgrade:  # SQLite makes the file, not its directory
+            path.parent.mkdir(parents=True, exist_ok=True)
         if upgrade:
             migrations.upgrade(url)
         else:

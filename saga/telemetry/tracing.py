@@ -1,4 +1,4 @@
-"""OpenTelemetry spans (``pip install 'saga[otel]'``): run → step / compensation, and
+"""OpenTelemetry spans (``pip install 'saga-compensation[otel]'``): run → step / compensation, and
 run → turn → model call.
 
 A run spans many processes and messages, and may be resumed days later by the reaper or a

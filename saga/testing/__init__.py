@@ -8,7 +8,7 @@ tests against a real worker; these make that cheap:
 - ``fake_models``: a scripted model that answers in each wire format saga speaks, through the
   SDK's own transport or on a loopback port the workers reach;
 - ``plugin``: the pytest plugin (fixtures ``saga_app``, ``saga_worker``, ``saga_faults``,
-  ``saga_model``, ...), loaded by ``pip install saga``. See ``docs/testing.md``.
+  ``saga_model``, ...), loaded by ``pip install saga-compensation``. See ``docs/testing.md``.
 
 The names below load their module on first use: the pytest plugin (``saga.testing.plugin``,
 loaded by every pytest run where saga is installed) must cost nothing until a test asks.

@@ -1,6 +1,6 @@
 """saga's pytest plugin: a private Redis, a real worker on your app, per-tool faults and a fake
-model, as fixtures (``docs/testing.md``). ``pip install saga`` registers it (entry point
-``pytest11``); nothing here runs unless a test asks for one of its fixtures.
+model, as fixtures (``docs/testing.md``). ``pip install 'saga-compensation[testing]'`` registers
+it (entry point ``pytest11``); nothing here runs unless a test asks for one of its fixtures.
 
 Options (command line, or the ini file):
 
@@ -9,6 +9,9 @@ Options (command line, or the ini file):
 - ``--saga-redis-url`` / ``saga_redis_url`` / ``SAGA_TEST_REDIS_URL``: a Redis to use (database
   ``--saga-redis-db`` / ``saga_redis_db``, default 15, flushed before and after the session)
   instead of a private ``redis-server`` on a free port.
+- ``--saga-include`` / ``saga_include``: modules the worker imports besides the app's, comma
+  separated (Celery's ``--include``): where agents or tools are declared in a module the app
+  does not import. The session imports them too, after the app.
 - ``--saga-worker-concurrency`` / ``saga_worker_concurrency``: the worker's pool size (2).
 - ``--saga-task-time-limit`` / ``saga_task_time_limit``: ``SAGA_TASK_TIME_LIMIT`` for the app
   (default 5 s). A delivery killed mid-step holds its step's lease for the time limit plus 2 s;
@@ -45,6 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ("app", "module:attr of the Saga under test; the worker runs `celery -A module`"),
         ("redis-url", f"a Redis to use instead of a private redis-server (or ${REDIS_URL_ENV})"),
         ("redis-db", f"the database taken on that Redis, flushed (default {DEFAULT_REDIS_DB})"),
+        ("include", "modules the worker imports besides the app's, comma separated (--include)"),
         ("worker-concurrency", "the test worker's pool size (default 2)"),
         ("task-time-limit", f"SAGA_TASK_TIME_LIMIT in the tests (default {DEFAULT_TIME_LIMIT})"),
     )
@@ -52,6 +56,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ini = f"saga_{name.replace('-', '_')}"
         group.addoption(f"--saga-{name}", dest=ini, default=None, help=help_text)
         parser.addini(ini, help_text, default="")
+
+
+def _includes(config: pytest.Config) -> list[str]:
+    """``saga_include`` as module names: commas or whitespace between them (an ini value may
+    span lines)."""
+    return [name for name in re.split(r"[,\s]+", _option(config, "saga_include")) if name]
 
 
 def _option(config: pytest.Config, name: str) -> str:
@@ -105,7 +115,15 @@ def saga_redis_url(
 
 @pytest.fixture(scope="session")
 def _saga_model_server() -> Iterator[FakeModel]:
-    from saga.testing.fake_models import FakeModel
+    from saga.extras import missing
+
+    try:
+        from saga.testing.fake_models import FakeModel
+    except ModuleNotFoundError as exc:
+        error = missing(exc, "for saga's pytest plugin")
+        if error is None:
+            raise
+        pytest.fail(str(error), pytrace=False)
 
     model = FakeModel()
     with model.serve():
@@ -177,6 +195,8 @@ def saga_app(
     if not isinstance(found, Saga):
         what = f"{module_name}.{attr}" if attr else f"one Saga in {module_name}"
         pytest.fail(f"saga_app = {saga_app_path!r}: no {what}", pytrace=False)
+    for included in _includes(pytestconfig):  # their agents and tools, known here too
+        importlib.import_module(included)
     if found.settings.redis_url != saga_test_env["SAGA_REDIS_URL"] or found.faults is None:
         pytest.fail(
             f"{module_name} was imported before the kit set SAGA_REDIS_URL (it uses "
@@ -199,11 +219,12 @@ def _saga_worker_process(
     from saga.testing.processes import WorkerProcess
 
     queues = f"{saga_app.app.conf.task_default_queue or 'celery'},{TURN_QUEUE}"
+    includes = _includes(pytestconfig)
     process = WorkerProcess(
         saga_app_path.partition(":")[0],
         env=saga_test_env,
         concurrency=int(_option(pytestconfig, "saga_worker_concurrency") or 2),
-        extra_args=["-Q", queues],
+        extra_args=["-Q", queues, *(["--include", ",".join(includes)] if includes else [])],
         logfile=tmp_path_factory.mktemp("saga-worker") / "worker.log",
         cwd=pytestconfig.rootpath,
     )

@@ -1,6 +1,6 @@
 """saga over HTTP: a JSON API for web apps in any language and an operator console, in one
-FastAPI app (``pip install 'saga[api]'``, served by ``saga serve``, or mounted in your own
-ASGI app: ``app.mount("/saga", create_app())``). ``docs/api.md``.
+FastAPI app (``pip install 'saga-compensation[api]'``, served by ``saga serve``, or mounted in
+your own ASGI app: ``app.mount("/saga", create_app())``). ``docs/api.md``.
 
 Routes render; they never decide: ``actions`` calls what the ``saga`` command calls.
 ``tokens`` (the bearer tokens, hashed in the records) needs no FastAPI.

@@ -120,7 +120,7 @@ def test_metrics_port_without_prometheus_client_refuses_to_start(tmp_path: Path)
     # Then it refuses at once, naming the extra to install
     for done in (by_option, by_variable):
         assert done.returncode == 2, done.stdout + done.stderr[-2000:]
-        assert "pip install 'saga[metrics]'" in done.stderr
+        assert "pip install 'saga-compensation[metrics]'" in done.stderr
         assert " ready." not in done.stdout + done.stderr
 
 

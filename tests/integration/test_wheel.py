@@ -120,6 +120,29 @@ print(json.dumps({"run_id": run.run_id, "state": run.wait(timeout=90).state.valu
 '''
 
 
+#: A project's agents in a module its app does not import (README: `--include myagents`).
+AGENTS_SOURCE = """
+from saga.agents import ScriptedPolicy
+from refunds_app import saga
+
+saga.agent("booker", ScriptedPolicy([[("book", {"amount": 5})], "booked"]))
+"""
+
+#: The project's own test, on saga's pytest plugin alone (its worker takes saga_include).
+KIT_TEST = """
+def test_the_included_agent_books(saga_app, saga_worker):
+    run_id = saga_app.enqueue_run("booker", "book 5")
+    assert saga_app.run(run_id).wait(timeout=60).state.value == "completed"
+"""
+
+KIT_INI = """[pytest]
+saga_app = refunds_app:saga
+saga_include = myagents
+pythonpath = .
+addopts = -p no:cacheprovider
+"""
+
+
 @dataclass
 class Installed:
     venv: Path
@@ -227,7 +250,7 @@ def installed(
         capture_output=True,
         env=_clean_env(),
     )
-    [wheel] = dist.glob("saga-*.whl")
+    [wheel] = dist.glob("saga_compensation-*.whl")
     venv = base / "venv"
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, env=_clean_env()
@@ -262,7 +285,9 @@ def installed(
         "SAGA_RESULT_BACKEND": f"{url}/1",
         "SAGA_REDIS_URL": f"{url}/2",
         "SAGA_REDIS_PASSWORD_FILE": str(secrets / "redis_saga_password"),
-        "SAGA_DATABASE_URL": f"sqlite:///{data / 'saga.db'}",
+        # No SAGA_DATABASE_URL: the records are where saga puts them by default (a per-user
+        # directory, whichever directory a process starts in).
+        "XDG_DATA_HOME": str(base / "xdg"),
         "SAGA_NOTIFY_CALLABLE": f"{APP}:on_notice",
         "PYTHONPATH": str(app_dir),
     }
@@ -377,6 +402,10 @@ def test_a_project_of_its_own_compensates_escalates_requeues_and_resolves(
     assert card.returncode == 0, card.stderr
     commands = _card_commands(card.stdout)
     assert commands["requeue"] == f"saga --app {APP}:saga requeue {to_requeue['run_id']}"
+    # and shown without --app (nor SAGA_APP), its requeue names the app the workers published
+    bare = installed.printed(show.replace(f"--app {APP}:saga ", ""))
+    assert bare.returncode == 0, bare.stderr
+    assert _card_commands(bare.stdout)["requeue"] == commands["requeue"]
 
     # When the cause is fixed and the run requeued with the card's command, as printed
     (installed.data / "unbook-down").unlink()
@@ -398,6 +427,138 @@ def test_a_project_of_its_own_compensates_escalates_requeues_and_resolves(
     listed = json.loads(installed.run("saga", "escalations", "--json").stdout)
     assert listed["escalations"] == []
     print(f"the runs and commands took {time.monotonic() - started:.1f}s")
+
+
+def test_saga_runs_shows_the_steps_and_no_footer_without_an_open_escalation(
+    installed: Installed, worker: Path
+) -> None:
+    # Given the project's runs, none with an open escalation (one requeued, one resolved)
+    # When they are listed as a person lists them (a wide terminal, no --tool)
+    listed = installed.run("saga", "runs", "--since", "2h")
+    table = subprocess.run(
+        ["saga", "runs"],
+        env={**installed.env, "COLUMNS": "200"},
+        cwd=installed.app_dir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+
+    # Then each run's steps are shown, and no footer about open escalations
+    assert "book, send" in table, table
+    assert "open escalation:" not in table
+    assert "book" in listed.stdout  # --since 2h: the same parser as the API
+
+
+def test_every_directory_sees_the_same_records_and_a_new_one_is_said(
+    installed: Installed, worker: Path
+) -> None:
+    # Given the two escalations the worker recorded (started in the project's directory)
+    elsewhere = installed.app_dir.parent / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+
+    # When they are listed from another directory
+    done = subprocess.run(
+        ["saga", "escalations", "--all", "--json"],
+        env=installed.env,
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    # Then the same records are read (the default does not depend on the directory)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["escalations"]) == 2, done.stdout
+    assert "did not exist" not in done.stderr
+    assert not list(elsewhere.iterdir())  # and nothing was created there
+    assert (installed.env["XDG_DATA_HOME"] + "/saga/saga.db") in _default_url(installed)
+
+    # When the records' default location is new (another user's data directory)
+    fresh = {**installed.env, "XDG_DATA_HOME": str(elsewhere / "data")}
+    listed = subprocess.run(
+        ["saga", "escalations"],
+        env=fresh,
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    # Then the command says which database it created, empty
+    assert listed.returncode == 0, listed.stderr
+    created = elsewhere / "data" / "saga" / "saga.db"
+    assert f"the records database {created} did not exist: created it, empty" in listed.stderr
+
+
+def test_serve_without_the_api_extra_names_it_and_exits_5(installed: Installed) -> None:
+    # Given the virtualenv without FastAPI (a module that fails to import as a missing one)
+    shadow = installed.data / "without-api" / "fastapi"
+    shadow.mkdir(parents=True, exist_ok=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'fastapi'\", name='fastapi')\n"
+    )
+    env = {**installed.env, "PYTHONPATH": f"{shadow.parent}:{installed.app_dir}"}
+
+    # When `saga serve` starts
+    done = subprocess.run(
+        ["saga", "serve"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+    # Then it exits 5 (an extra is missing, as docs/operations.md says), naming the extra
+    assert done.returncode == 5, done.stderr
+    assert "pip install 'saga-compensation[api]'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("url", ["localhost:6379", "redis://h:port/0", "redis://h/zero"])
+def test_a_malformed_redis_url_is_one_line_and_exit_2(installed: Installed, url: str) -> None:
+    done = subprocess.run(
+        ["saga", "runs"],
+        env={**installed.env, "SAGA_REDIS_URL": url, "SAGA_REDIS_PASSWORD_FILE": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert f"SAGA_REDIS_URL={url!r}" in done.stderr, done.stderr
+
+
+def test_the_pytest_plugin_hosts_an_agent_of_an_included_module(installed: Installed) -> None:
+    # Given a project whose agent lives in a module the app does not import, and its test
+    kit = installed.app_dir.parent / "kit"
+    (kit / "tests").mkdir(parents=True, exist_ok=True)
+    shutil.copy(installed.app_dir / f"{APP}.py", kit / f"{APP}.py")
+    (kit / "myagents.py").write_text(AGENTS_SOURCE)
+    (kit / "tests" / "test_agent.py").write_text(KIT_TEST)
+    (kit / "pytest.ini").write_text(KIT_INI)
+    env = {k: v for k, v in installed.env.items() if not k.startswith(("SAGA_", "PYTHONPATH"))}
+
+    # When its tests run (the kit starts its own Redis and a worker with --include myagents)
+    done = subprocess.run(
+        [str(installed.venv / "bin" / "python"), "-m", "pytest", "-q"],
+        env=env,
+        cwd=kit,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+    # Then the worker hosted the agent: its run completed
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "1 passed" in done.stdout
+
+
+def _default_url(installed: Installed) -> str:
+    python = str(installed.venv / "bin" / "python")
+    code = "from saga.settings import Settings; print(Settings.from_env().database_url)"
+    return installed.run(python, "-c", code).stdout
 
 
 def test_the_readonly_user_reads_and_cannot_write(

@@ -200,7 +200,7 @@ def test_a_missing_extra_is_named_with_its_own_exit_code(
     monkeypatch.setattr(Env, "records", property(missing))
     result = CliRunner().invoke(cli, ["escalations"])
     assert result.exit_code == ExitCode.MISSING_EXTRA, result.output
-    assert f"pip install 'saga[{extra}]'" in result.output
+    assert f"pip install 'saga-compensation[{extra}]'" in result.output
     assert "Traceback" not in result.output
 
 

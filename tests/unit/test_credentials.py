@@ -102,3 +102,23 @@ def test_the_app_is_the_setting_else_the_module_that_holds_the_saga(
     assert app_spec_of(saga) == "myproject.worker:the_saga"
     assert saga_command(app_spec_of(saga)) == "saga --app myproject.worker:the_saga"
     assert saga_command("") == "saga"
+
+
+def test_the_records_default_is_per_user_never_the_current_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from saga.settings import sqlite_file
+
+    monkeypatch.delenv("SAGA_DATABASE_URL", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert Settings.from_env().database_url == f"sqlite:///{tmp_path}/xdg/saga/saga.db"
+    assert Settings().database_url == f"sqlite:///{tmp_path}/xdg/saga/saga.db"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path / "..")
+    assert Settings.from_env().database_url == f"sqlite:///{tmp_path}/.local/share/saga/saga.db"
+    # the file a URL names: absolute, relative, none for memory or another database
+    assert sqlite_file("sqlite:////srv/x.db") == Path("/srv/x.db")
+    assert sqlite_file("sqlite:///x.db?mode=ro") == Path("x.db")
+    assert sqlite_file("sqlite:///:memory:") is None
+    assert sqlite_file("postgresql+psycopg://u@h/db") is None

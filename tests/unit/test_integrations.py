@@ -130,7 +130,7 @@ def test_without_its_framework_an_integration_says_which_extra_to_install(
     monkeypatch.setitem(sys.modules, framework, None)
     monkeypatch.delitem(sys.modules, module)
     # When the integration is imported / Then the error names the extra
-    with pytest.raises(ImportError, match=rf"pip install 'saga\[{extra}\]'"):
+    with pytest.raises(ImportError, match=rf"pip install 'saga-compensation\[{extra}\]'"):
         importlib.import_module(module)
 
 

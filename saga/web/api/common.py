@@ -6,8 +6,10 @@ from typing import Annotated
 
 from fastapi import Depends, Path
 from fastapi.exceptions import RequestValidationError
+from pydantic import BeforeValidator
 
 from saga.errors import InvalidRunIdError
+from saga.listing import parse_since
 from saga.validation import check_escalation_id, check_run_id
 
 
@@ -34,6 +36,13 @@ def _invalid(name: str, exc: Exception) -> RequestValidationError:
     return RequestValidationError([{"loc": ("path", name), "msg": str(exc), "type": "value_error"}])
 
 
+def _since(value: object) -> object:
+    """A query's ``since`` as ``saga runs --since`` takes it (a ValueError is a 422)."""
+    return parse_since(value) if isinstance(value, str) else value
+
+
 RunId = Annotated[str, Depends(_run_id)]
 EscalationId = Annotated[str, Depends(_escalation_id)]
+#: ``since``: an ISO 8601 date/time or a duration ago (``30m``, ``2h``, ``7d``), as the CLI's.
+Since = Annotated[float | None, BeforeValidator(_since)]
 ApprovalId = Annotated[str, Path(pattern=r"^[0-9]{1,9}:[0-9]{1,9}$", description="<turn>:<call>")]

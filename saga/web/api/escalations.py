@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -10,7 +9,7 @@ from fastapi import APIRouter, Query
 from saga.queries import escalation_rows, escalation_summary
 from saga.validation import parse_escalation_id
 from saga.web import actions, problems
-from saga.web.api.common import EscalationId
+from saga.web.api.common import EscalationId, Since
 from saga.web.api.schemas import EscalationList, Requeue, Requeued, Resolve
 from saga.web.auth import Context, Operator, Reader
 
@@ -23,7 +22,7 @@ def list_escalations(
     holder: Reader,
     all: Annotated[bool, Query(description="resolved ones too")] = False,
     run_id: Annotated[str | None, Query(max_length=128)] = None,
-    since: Annotated[datetime | None, Query(description="escalated at or after")] = None,
+    since: Annotated[Since, Query(description="escalated at or after: ISO 8601, 2h")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> Any:
     """Escalations newest first (open ones unless ``all``)."""
@@ -31,7 +30,7 @@ def list_escalations(
         ctx.records,
         open_only=not all,
         run_id=run_id,
-        since=since.timestamp() if since else None,
+        since=since,
         limit=limit,
     )
     return {"escalations": [escalation_summary(r) for r in rows]}

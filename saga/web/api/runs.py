@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Response
 from saga.listing import RunFilter, page_of_runs
 from saga.model import RunState
 from saga.web import actions, problems
-from saga.web.api.common import RunId
+from saga.web.api.common import RunId, Since
 from saga.web.api.schemas import Abort, CreateRun, RunList
 from saga.web.auth import Context, Operator, Reader
 
@@ -38,7 +38,7 @@ def list_runs(
     state: Annotated[list[RunState] | None, Query(description="repeatable")] = None,
     agent: Annotated[str | None, Query(max_length=200)] = None,
     tool: Annotated[str | None, Query(max_length=200)] = None,
-    since: Annotated[datetime | None, Query(description="created at or after (ISO 8601)")] = None,
+    since: Annotated[Since, Query(description="created at or after: ISO 8601, 2h")] = None,
     until: Annotated[datetime | None, Query(description="created before (ISO 8601)")] = None,
     escalated: Annotated[bool | None, Query(description="with an open escalation")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
@@ -50,7 +50,7 @@ def list_runs(
         states=tuple(s.value for s in state or ()),
         agent=agent,
         tool=tool,
-        since=since.timestamp() if since else None,
+        since=since,
         until=until.timestamp() if until else None,
         escalated=escalated,
         limit=limit,

@@ -173,6 +173,24 @@ def test_pages_across_a_boundary_while_runs_are_created(web: Web) -> None:
         web.saga.run(run_id).abort("test over")
 
 
+def test_since_takes_a_duration_as_the_cli_does(web: Web) -> None:
+    """One parser for both surfaces (``saga.listing.parse_since``): ``2h`` and ISO alike."""
+    client = web.client(web.read_token)
+    run = web.saga.start_run()
+    try:
+        recent = client.get("/api/runs", params={"since": "2h", "limit": 200})
+        assert recent.status_code == 200, recent.text
+        assert run.run_id in [r["run_id"] for r in recent.json()["runs"]]
+        future = client.get("/api/runs", params={"since": "2999-01-01T00:00:00"})
+        assert future.status_code == 200 and future.json()["runs"] == []
+        escalations = client.get("/api/escalations", params={"since": "7d"})
+        assert escalations.status_code == 200, escalations.text
+        bad = client.get("/api/runs", params={"since": "yesterday"})
+        assert bad.status_code == 422 and "neither a duration" in bad.text, bad.text
+    finally:
+        run.abort("test over")
+
+
 # -- approvals -------------------------------------------------------------------------------
 
 
