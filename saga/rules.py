@@ -6,13 +6,16 @@ No broker, no Redis: these are the rules the seed states, testable on their own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from saga.errors import CallRefusedError, RunEndedError
-from saga.model import CompensationState, RunState, StepState, ToolClass
+from saga.errors import CallRefusedError, RunEndedError, SagaError, ToolDefinitionError
+from saga.model import CompensationState, OnFailure, RunState, StepState, ToolClass
 from saga.picture import RunPicture, RunView
+
+if TYPE_CHECKING:
+    from saga.tools import Tool
 
 REASON_AFTER_PIVOT = "failed after an irreversible step"
 REASON_COMPENSATION_FAILED = "compensation failed"
@@ -134,3 +137,33 @@ def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
             why = "it has no compensation on record"
         live.append({"step": step.step, "tool": step.tool, "result": step.result, "why": why})
     return live
+
+
+def failure_mode(tool: Tool, overrides: Mapping[str, OnFailure]) -> OnFailure:
+    """A failed read changed nothing, so the caller (or its model) may as well try something
+    else; a failed write unwinds, because what the run did so far was built on it. The same
+    default for hosted runs, driven runs and the integrations; ``overrides`` win."""
+    if tool.name in overrides:
+        return overrides[tool.name]
+    return OnFailure.FEED_BACK if tool.tool_class is ToolClass.READ else OnFailure.UNWIND
+
+
+def check_on_failure(
+    owner: str,
+    on_failure: Mapping[str, OnFailure | str] | None,
+    tools: Iterable[Tool],
+    error: type[SagaError] = ToolDefinitionError,
+) -> dict[str, OnFailure]:
+    """``on_failure`` may only name ``tools`` (what ``owner`` may call), each with a known mode;
+    a typo would otherwise silently leave the default in place. ``error``: what to raise."""
+    names = {t.name for t in tools}
+    overrides: dict[str, OnFailure] = {}
+    for tool, mode in (on_failure or {}).items():
+        if tool not in names:
+            raise error(f"on_failure of {owner} names {tool!r}, which it may not call")
+        try:
+            overrides[tool] = OnFailure(mode)
+        except ValueError:
+            known = ", ".join(m.value for m in OnFailure)
+            raise error(f"on_failure {mode!r}: use one of {known}") from None
+    return overrides

@@ -7,11 +7,13 @@ record is what the saga acts on, so it is also what the agent should see.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from saga import payload
 from saga.constants import ended_key, settled_key
 from saga.errors import (
+    InvalidRunOptionError,
     StepFailedError,
     StepInDoubtError,
     StepRejectedError,
@@ -19,8 +21,9 @@ from saga.errors import (
     UnknownRunError,
     WaitTimeoutError,
 )
-from saga.model import RunState, StepState
+from saga.model import OnFailure, RunState, StepState
 from saga.picture import RunPicture
+from saga.rules import check_on_failure, failure_mode
 from saga.validation import check_text
 
 if TYPE_CHECKING:
@@ -90,19 +93,40 @@ class StepHandle:
 
 
 class Run:
-    """One agent run: the tools it calls are the saga's steps, in the order it calls them."""
+    """One agent run: the tools it calls are the saga's steps, in the order it calls them.
 
-    def __init__(self, saga: Saga, run_id: str) -> None:
+    ``on_failure``: per tool, what its final failure does, as for a hosted agent (default: a
+    failed read is fed back, ``StepRejectedError`` from ``result()`` with the run still open;
+    a failed write unwinds, ``StepFailedError``). It is this object's choice, not the run's:
+    a process that attaches to the run (``Saga.run``) passes its own.
+    """
+
+    def __init__(
+        self,
+        saga: Saga,
+        run_id: str,
+        on_failure: Mapping[str, OnFailure | str] | None = None,
+    ) -> None:
         self.saga = saga
         self.run_id = run_id
+        offered = (t for t in saga.registry if t.offered and t.tool_class is not None)
+        self.on_failure = check_on_failure(
+            f"run {run_id}", on_failure, offered, error=InvalidRunOptionError
+        )
 
     def __repr__(self) -> str:
         return f"<Run {self.run_id}>"
 
     def call(self, tool: str, /, **args: Any) -> StepHandle:
         """Dispatch ``tool`` with ``args``; refused (nothing sent, nothing changed) if the
-        tool is unknown, the arguments are invalid, or the pivot rules forbid it now."""
-        return self.saga.dispatch(self.run_id, tool, args)
+        tool is unknown, the arguments are invalid, or the pivot rules forbid it now.
+
+        Whether its final failure is fed back or unwinds the run is decided here, when the
+        step is reserved (``on_failure``), so the worker that fails it knows."""
+        feed_back = failure_mode(self.saga.registry.offered(tool), self.on_failure)
+        return self.saga.dispatch(
+            self.run_id, tool, args, feed_back_failure=feed_back is OnFailure.FEED_BACK
+        )
 
     def state(self) -> RunState:
         return self.picture().state

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from saga import rules
-from saga.agents.agent import OnFailure, check_approval, check_on_failure, failure_mode
+from saga.agents.agent import check_approval
 from saga.agents.schema import offered_tools
 from saga.errors import (
     CallRefusedError,
@@ -28,7 +28,8 @@ from saga.errors import (
     ToolDefinitionError,
     UnknownToolError,
 )
-from saga.model import ToolClass
+from saga.model import OnFailure, ToolClass
+from saga.rules import check_on_failure, failure_mode
 from saga.runs import Run
 from saga.tools import Tool
 
