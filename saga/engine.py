@@ -539,7 +539,7 @@ class Saga:
 
     def encode_effect(
         self, tool: Tool, run_id: str, step: int, args: dict[str, Any], result: Any
-    ) -> tuple[str, str, str]:
+    ) -> tuple[str, str, dict[str, Any] | None]:
         """The result and the undo as stored (``saga.effects``), within this app's limit."""
         limit = self.settings.max_payload_bytes
         return encode_effect(self.registry, limit, tool, run_id, step, args, result)

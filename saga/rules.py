@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 REASON_AFTER_PIVOT = "failed after an irreversible step"
 REASON_COMPENSATION_FAILED = "compensation failed"
+#: A step's compensation function raised: its effect is live, and there is no undo to requeue.
+REASON_COMPENSATION_NOT_BUILT = "a compensation could not be built"
 
 _BEFORE_PIVOT = frozenset(
     {ToolClass.CONVERGENT_WRITE, ToolClass.REVERSIBLE_WRITE, ToolClass.COMPENSATABLE_WRITE}
@@ -100,6 +102,8 @@ def conclusion(picture: RunPicture) -> tuple[RunState, str]:
     """How a failing run ends, once its unwind (if any) has run."""
     if picture.pivot_step is not None:
         return RunState.ESCALATED, picture.doubt or REASON_AFTER_PIVOT
+    if any(c.entry.get("broken") for c in picture.compensations):
+        return RunState.ESCALATED, REASON_COMPENSATION_NOT_BUILT
     if picture.stack or any(c.state is not CompensationState.DONE for c in picture.compensations):
         return RunState.ESCALATED, REASON_COMPENSATION_FAILED
     if picture.doubt:
@@ -113,6 +117,7 @@ def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
     """Effects still live in the world after the run ended, each with why."""
     undos = {c.step: c.state for c in picture.compensations}
     undone = {step for step, state in undos.items() if state is CompensationState.DONE}
+    unbuilt = {c.step: c.entry for c in picture.compensations if c.entry.get("broken")}
     live = []
     for step in picture.steps:
         if step.state is StepState.IN_DOUBT:
@@ -125,6 +130,8 @@ def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
             continue
         if step.tool_class is ToolClass.IRREVERSIBLE_WRITE:
             why = "irreversible: cannot be undone"
+        elif step.step in unbuilt:
+            why = f"not undoable: {unbuilt[step.step].get('description', '')}"
         elif step.tool_class is ToolClass.CONVERGENT_WRITE:
             why = "convergent write: kept, it has no undo"
         elif picture.pivot_step is not None:

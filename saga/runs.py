@@ -12,12 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from saga import payload
 from saga.constants import ended_key, settled_key
+from saga.effects import PROBLEMS, UNDO_PROBLEM
 from saga.errors import (
+    CompensationNotBuiltError,
     InvalidRunOptionError,
     StepFailedError,
     StepInDoubtError,
     StepRejectedError,
     StepSkippedError,
+    ToolResultError,
     UnknownRunError,
     WaitTimeoutError,
 )
@@ -55,7 +58,11 @@ class StepHandle:
         return StepState(raw)
 
     def result(self, timeout: float | None = None) -> Any:
-        """The tool's result once the step succeeded; ``StepFailedError`` if it failed for good."""
+        """The tool's result once the step succeeded; ``StepFailedError`` if it failed for good:
+        ``StepRejectedError`` when it was fed back (the run goes on; hand ``error`` to the
+        model), ``ToolResultError`` when the effect happened but its result could not be
+        recorded, ``CompensationNotBuiltError`` when it happened with no undo (the run
+        escalates). ``run_goes_on`` says, for each, whether the run takes more calls."""
         deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
         while True:
             store = self.saga.store
@@ -71,6 +78,7 @@ class StepHandle:
                 )
             self._settled = state not in (StepState.DISPATCHED, StepState.RUNNING)
             if state == StepState.SUCCEEDED:
+                _raise_if_unrecorded(self, payload.loads(error))
                 return payload.loads(result)
             if state == StepState.FAILED:
                 message = (payload.loads(error) or {}).get("message", "failed")
@@ -90,6 +98,20 @@ class StepHandle:
                     raise StepInDoubtError(message)
             if time.monotonic() >= deadline:
                 raise WaitTimeoutError(f"step {self.step} ({self.tool}) still {state!s}")
+
+
+def _raise_if_unrecorded(handle: StepHandle, error: Any) -> None:
+    """A step that succeeded with a problem (``saga.effects``): its effect happened, but the
+    caller must not take the placeholder result for the tool's answer. (A succeeded step's
+    error may also be an earlier attempt's, retried: only these two types say so.)"""
+    kind = error.get("type") if isinstance(error, dict) else None
+    if kind not in PROBLEMS:
+        return
+    message = str(error.get("message", ""))
+    if kind == UNDO_PROBLEM:
+        raise CompensationNotBuiltError(handle.run_id, handle.step, handle.tool, message)
+    goes_on = bool(error.get("run_goes_on"))
+    raise ToolResultError(handle.run_id, handle.step, handle.tool, message, run_goes_on=goes_on)
 
 
 class Run:

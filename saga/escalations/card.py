@@ -92,7 +92,10 @@ def _steps(doc: RunDoc) -> Table:
 
 def _failed(comp: CompensationDoc) -> RenderableType:
     undo = comp["undo"]
-    what = call_text(undo["tool"], undo["args"], 80) if undo else "(undo not recorded)"
+    if undo and undo["broken"]:
+        what = f"(no undo: {undo['description']})"
+    else:
+        what = call_text(undo["tool"], undo["args"], 80) if undo else "(undo not recorded)"
     title = (
         f"✗ step {comp['step']}: {what}: {comp['attempts']} attempt(s), {comp['rounds']} round(s)"
     )
