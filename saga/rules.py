@@ -163,6 +163,9 @@ def check_on_failure(
 ) -> dict[str, OnFailure]:
     """``on_failure`` may only name ``tools`` (what ``owner`` may call), each with a known mode;
     a typo would otherwise silently leave the default in place. ``error``: what to raise."""
+    if on_failure is not None and not isinstance(on_failure, Mapping):
+        kind = type(on_failure).__name__
+        raise error(f"on_failure of {owner} maps tool names to modes, it is no {kind}")
     names = {t.name for t in tools}
     overrides: dict[str, OnFailure] = {}
     for tool, mode in (on_failure or {}).items():

@@ -131,10 +131,12 @@ class Run:
     ) -> None:
         self.saga = saga
         self.run_id = run_id
-        offered = (t for t in saga.registry if t.offered and t.tool_class is not None)
-        self.on_failure = check_on_failure(
-            f"run {run_id}", on_failure, offered, error=InvalidRunOptionError
-        )
+        self.on_failure: dict[str, OnFailure] = {}
+        if on_failure is not None:  # checked against the tools a run may call (no compensation)
+            offered = (t for t in saga.registry if t.offered and t.tool_class is not None)
+            self.on_failure = check_on_failure(
+                f"run {run_id}", on_failure, offered, error=InvalidRunOptionError
+            )
 
     def __repr__(self) -> str:
         return f"<Run {self.run_id}>"

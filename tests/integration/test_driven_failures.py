@@ -118,10 +118,11 @@ def test_attaching_takes_its_own_choice(saga: Any) -> None:
         ({"get_ordr": "unwind"}, "names 'get_ordr', which it may not call"),
         ({"reverse_credit": "unwind"}, "names 'reverse_credit', which it may not call"),
         ({"get_order": "retry"}, "on_failure 'retry': use one of feed_back, unwind"),
+        (["get_order"], "maps tool names to modes, it is no list"),
     ],
 )
 def test_a_bad_choice_is_refused_before_the_run_exists(
-    saga: Any, on_failure: dict[str, str], message: str
+    saga: Any, on_failure: Any, message: str
 ) -> None:
     # When a run is started with a choice naming no tool it may call, or no known mode
     run_id = f"refused-{uuid.uuid4().hex}"
