@@ -25,7 +25,8 @@ from saga.errors import CompensationBuildError, PayloadError, SagaError
 if TYPE_CHECKING:
     from saga.tools import Tool, ToolRegistry
 
-#: The error types of a step that succeeded with a problem (``Effect.problem["type"]``).
+#: The error types of a step that succeeded with a problem: the succeeded step's recorded error
+#: has one of these, and ``StepHandle.result()`` raises the exception of that name.
 RESULT_PROBLEM = "ToolResultError"
 UNDO_PROBLEM = "CompensationNotBuiltError"
 PROBLEMS = frozenset({RESULT_PROBLEM, UNDO_PROBLEM})

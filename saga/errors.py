@@ -92,9 +92,11 @@ class StepFailedError(SagaError):
 
     #: Whether the run still takes calls: the caller may hand ``error`` to its model.
     run_goes_on: bool = False
+    #: What the message says became of the step (its effect may have happened: below).
+    _outcome = "failed:"
 
     def __init__(self, run_id: str, step: int, tool: str, error: str) -> None:
-        super().__init__(f"step {step} ({tool}) of run {run_id} failed: {error}")
+        super().__init__(f"step {step} ({tool}) of run {run_id} {self._outcome} {error}")
         self.run_id = run_id
         self.step = step
         self.tool = tool
@@ -111,6 +113,8 @@ class ToolResultError(StepFailedError):
     """The tool ran (its effect happened, its undo is pushed) but its result is not JSON or is
     over the size limit; ``run_goes_on`` when its failures are fed back, else the run unwinds."""
 
+    _outcome = "ran, but"
+
     def __init__(
         self, run_id: str, step: int, tool: str, error: str, *, run_goes_on: bool = False
     ) -> None:
@@ -121,6 +125,8 @@ class ToolResultError(StepFailedError):
 class CompensationNotBuiltError(StepFailedError):
     """The step's effect happened but its compensation could not be built: it stays live with
     no undo, so the run escalates once what can be undone is."""
+
+    _outcome = "ran, but"
 
 
 class ToolRejected(SagaError):
