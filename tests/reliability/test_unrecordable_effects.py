@@ -30,7 +30,7 @@ NOT_BUILT = "the compensation could not be built: KeyError 'creditid'"
 
 def effects_env(private: Callable[..., Private]) -> Private:
     """A private saga over the effects app's tools, with a worker whose payload limit is small."""
-    from tests.reliability.effects_app import tools
+    from tests.reliability.effects_tools import tools
 
     env = private(registry=tools, extra_env={"SAGA_MAX_PAYLOAD_BYTES": str(LIMIT)})
     env.worker(APP)
