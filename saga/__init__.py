@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from saga.errors import (
     CallRefusedError,
     CompensationBuildError,
+    CompensationNotBuiltError,
     ConfigurationError,
     DatabaseSchemaError,
     DispatchError,
@@ -42,12 +43,21 @@ from saga.errors import (
     ToolDefinitionError,
     ToolNotOfferedError,
     ToolRejected,
+    ToolResultError,
     UnknownEscalationError,
     UnknownRunError,
     UnknownToolError,
     WaitTimeoutError,
 )
-from saga.model import CompensationState, RunState, StepContext, StepState, ToolClass, Undo
+from saga.model import (
+    CompensationState,
+    OnFailure,
+    RunState,
+    StepContext,
+    StepState,
+    ToolClass,
+    Undo,
+)
 
 if TYPE_CHECKING:
     from saga.engine import Saga
@@ -110,6 +120,7 @@ __all__ = [
     "Saga",
     "SagaHooks",
     "Settings",
+    "OnFailure",
     "StepHandle",
     # What a run looks like
     "ActionRecord",
@@ -126,6 +137,7 @@ __all__ = [
     # Errors
     "CallRefusedError",
     "CompensationBuildError",
+    "CompensationNotBuiltError",
     "ConfigurationError",
     "DatabaseSchemaError",
     "DispatchError",
@@ -154,6 +166,7 @@ __all__ = [
     "StoreUnavailableError",
     "ToolDefinitionError",
     "ToolNotOfferedError",
+    "ToolResultError",
     "UnknownEscalationError",
     "UnknownRunError",
     "UnknownToolError",

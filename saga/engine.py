@@ -32,7 +32,7 @@ from saga.errors import (
     UnknownRunError,
 )
 from saga.hooks import RunListener, SagaHooks
-from saga.model import RunState, StepState, ToolClass
+from saga.model import OnFailure, RunState, StepState, ToolClass
 from saga.notifications.notifier import Notifier
 from saga.picture import RunPicture
 from saga.records import EscalationRecord, RecordStore
@@ -183,8 +183,10 @@ class Saga:
         *,
         allow_reversible_after_pivot: bool = False,
         deadline: float | None = None,
+        on_failure: Mapping[str, OnFailure | str] | None = None,
     ) -> Run:
         """Start a run. ``deadline``: seconds without progress before the reaper resolves it.
+        ``on_failure``: per tool, ``"feed_back"`` or ``"unwind"`` (``saga.runs.Run``).
 
         ``run_id`` (default: a random one) must be 1-128 characters of ``[A-Za-z0-9._-]``,
         starting with a letter or digit: it becomes part of Redis keys, task ids and a SQL
@@ -198,18 +200,21 @@ class Saga:
         else:
             deadline = check_deadline(deadline)
         allow = check_flag("allow_reversible_after_pivot", allow_reversible_after_pivot)
+        run = Run(self, run_id, on_failure)  # a bad on_failure is refused before the run exists
         if not self.store.create(run_id, deadline, allow):
             raise RunExistsError(f"run {run_id} already exists")
         metrics.run_started()
-        return Run(self, run_id)
+        return run
 
-    def run(self, run_id: str) -> Run:
-        """Attach to an existing run (from another process, or after a restart)."""
+    def run(self, run_id: str, on_failure: Mapping[str, OnFailure | str] | None = None) -> Run:
+        """Attach to an existing run (from another process, or after a restart), with this
+        process's ``on_failure`` for the calls it makes (``start_run``)."""
         from saga.runs import Run
 
+        run = Run(self, run_id, on_failure)
         if self.store.view(run_id) is None:
             raise UnknownRunError(f"no run {run_id}")
-        return Run(self, run_id)
+        return run
 
     def picture(self, run_id: str) -> RunPicture:
         picture = self.store.picture(run_id)
@@ -547,7 +552,7 @@ class Saga:
 
     def encode_effect(
         self, tool: Tool, run_id: str, step: int, args: dict[str, Any], result: Any
-    ) -> tuple[str, str, str]:
+    ) -> tuple[str, str, dict[str, Any] | None]:
         """The result and the undo as stored (``saga.effects``), within this app's limit."""
         limit = self.settings.max_payload_bytes
         return encode_effect(self.registry, limit, tool, run_id, step, args, result)

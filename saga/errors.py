@@ -94,8 +94,13 @@ class StepsInFlightError(SagaError):
 class StepFailedError(SagaError):
     """A step failed for good (after its retries); the run unwinds or escalates."""
 
+    #: Whether the run still takes calls: the caller may hand ``error`` to its model.
+    run_goes_on: bool = False
+    #: What the message says became of the step (its effect may have happened: below).
+    _outcome = "failed:"
+
     def __init__(self, run_id: str, step: int, tool: str, error: str) -> None:
-        super().__init__(f"step {step} ({tool}) of run {run_id} failed: {error}")
+        super().__init__(f"step {step} ({tool}) of run {run_id} {self._outcome} {error}")
         self.run_id = run_id
         self.step = step
         self.tool = tool
@@ -103,7 +108,29 @@ class StepFailedError(SagaError):
 
 
 class StepRejectedError(StepFailedError):
-    """The tool refused the call, or failed where the agent is told instead; the run goes on."""
+    """The tool refused the call, or failed where the caller is told instead; the run goes on."""
+
+    run_goes_on = True
+
+
+class ToolResultError(StepFailedError):
+    """The tool ran (its effect happened, its undo is pushed) but its result is not JSON or is
+    over the size limit; ``run_goes_on`` when its failures are fed back, else the run unwinds."""
+
+    _outcome = "ran, but"
+
+    def __init__(
+        self, run_id: str, step: int, tool: str, error: str, *, run_goes_on: bool = False
+    ) -> None:
+        super().__init__(run_id, step, tool, error)
+        self.run_goes_on = run_goes_on
+
+
+class CompensationNotBuiltError(StepFailedError):
+    """The step's effect happened but its compensation could not be built: it stays live with
+    no undo, so the run escalates once what can be undone is."""
+
+    _outcome = "ran, but"
 
 
 class ToolRejected(SagaError):

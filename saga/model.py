@@ -62,6 +62,15 @@ class StepState(StrEnum):
     REJECTED = "rejected"
 
 
+class OnFailure(StrEnum):
+    """What a tool's final failure does to its run: hosted, driven from Python, or bridged."""
+
+    #: The caller (or the model) gets the error and decides; the run goes on.
+    FEED_BACK = "feed_back"
+    #: The run unwinds (or escalates past the pivot): the seed's rule for writes.
+    UNWIND = "unwind"
+
+
 class CompensationState(StrEnum):
     PENDING = "pending"
     RUNNING = "running"

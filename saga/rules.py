@@ -6,16 +6,21 @@ No broker, no Redis: these are the rules the seed states, testable on their own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from saga.errors import CallRefusedError, RunEndedError
-from saga.model import CompensationState, RunState, StepState, ToolClass
+from saga.errors import CallRefusedError, RunEndedError, SagaError, ToolDefinitionError
+from saga.model import CompensationState, OnFailure, RunState, StepState, ToolClass
 from saga.picture import RunPicture, RunView
+
+if TYPE_CHECKING:
+    from saga.tools import Tool
 
 REASON_AFTER_PIVOT = "failed after an irreversible step"
 REASON_COMPENSATION_FAILED = "compensation failed"
+#: A step's compensation function raised: its effect is live, and there is no undo to requeue.
+REASON_COMPENSATION_NOT_BUILT = "a compensation could not be built"
 
 _BEFORE_PIVOT = frozenset(
     {ToolClass.CONVERGENT_WRITE, ToolClass.REVERSIBLE_WRITE, ToolClass.COMPENSATABLE_WRITE}
@@ -97,6 +102,8 @@ def conclusion(picture: RunPicture) -> tuple[RunState, str]:
     """How a failing run ends, once its unwind (if any) has run."""
     if picture.pivot_step is not None:
         return RunState.ESCALATED, picture.doubt or REASON_AFTER_PIVOT
+    if any(c.entry.get("broken") for c in picture.compensations):
+        return RunState.ESCALATED, REASON_COMPENSATION_NOT_BUILT
     if picture.stack or any(c.state is not CompensationState.DONE for c in picture.compensations):
         return RunState.ESCALATED, REASON_COMPENSATION_FAILED
     if picture.doubt:
@@ -110,6 +117,7 @@ def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
     """Effects still live in the world after the run ended, each with why."""
     undos = {c.step: c.state for c in picture.compensations}
     undone = {step for step, state in undos.items() if state is CompensationState.DONE}
+    unbuilt = {c.step: c.entry for c in picture.compensations if c.entry.get("broken")}
     live = []
     for step in picture.steps:
         if step.state is StepState.IN_DOUBT:
@@ -122,6 +130,8 @@ def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
             continue
         if step.tool_class is ToolClass.IRREVERSIBLE_WRITE:
             why = "irreversible: cannot be undone"
+        elif step.step in unbuilt:
+            why = f"not undoable: {unbuilt[step.step].get('description', '')}"
         elif step.tool_class is ToolClass.CONVERGENT_WRITE:
             why = "convergent write: kept, it has no undo"
         elif picture.pivot_step is not None:
@@ -134,3 +144,36 @@ def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
             why = "it has no compensation on record"
         live.append({"step": step.step, "tool": step.tool, "result": step.result, "why": why})
     return live
+
+
+def failure_mode(tool: Tool, overrides: Mapping[str, OnFailure]) -> OnFailure:
+    """A failed read changed nothing, so the caller (or its model) may as well try something
+    else; a failed write unwinds, because what the run did so far was built on it. The same
+    default for hosted runs, driven runs and the integrations; ``overrides`` win."""
+    if tool.name in overrides:
+        return overrides[tool.name]
+    return OnFailure.FEED_BACK if tool.tool_class is ToolClass.READ else OnFailure.UNWIND
+
+
+def check_on_failure(
+    owner: str,
+    on_failure: Mapping[str, OnFailure | str] | None,
+    tools: Iterable[Tool],
+    error: type[SagaError] = ToolDefinitionError,
+) -> dict[str, OnFailure]:
+    """``on_failure`` may only name ``tools`` (what ``owner`` may call), each with a known mode;
+    a typo would otherwise silently leave the default in place. ``error``: what to raise."""
+    if on_failure is not None and not isinstance(on_failure, Mapping):
+        kind = type(on_failure).__name__
+        raise error(f"on_failure of {owner} maps tool names to modes, it is no {kind}")
+    names = {t.name for t in tools}
+    overrides: dict[str, OnFailure] = {}
+    for tool, mode in (on_failure or {}).items():
+        if tool not in names:
+            raise error(f"on_failure of {owner} names {tool!r}, which it may not call")
+        try:
+            overrides[tool] = OnFailure(mode)
+        except ValueError:
+            known = ", ".join(m.value for m in OnFailure)
+            raise error(f"on_failure {mode!r}: use one of {known}") from None
+    return overrides

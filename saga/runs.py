@@ -7,20 +7,26 @@ record is what the saga acts on, so it is also what the agent should see.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from saga import payload
 from saga.constants import ended_key, settled_key
+from saga.effects import PROBLEMS, UNDO_PROBLEM
 from saga.errors import (
+    CompensationNotBuiltError,
+    InvalidRunOptionError,
     StepFailedError,
     StepInDoubtError,
     StepRejectedError,
     StepSkippedError,
+    ToolResultError,
     UnknownRunError,
     WaitTimeoutError,
 )
-from saga.model import RunState, StepState
+from saga.model import OnFailure, RunState, StepState
 from saga.picture import RunPicture
+from saga.rules import check_on_failure, failure_mode
 from saga.validation import check_text
 
 if TYPE_CHECKING:
@@ -52,7 +58,11 @@ class StepHandle:
         return StepState(raw)
 
     def result(self, timeout: float | None = None) -> Any:
-        """The tool's result once the step succeeded; ``StepFailedError`` if it failed for good."""
+        """The tool's result once the step succeeded; ``StepFailedError`` if it failed for good:
+        ``StepRejectedError`` when it was fed back (the run goes on; hand ``error`` to the
+        model), ``ToolResultError`` when the effect happened but its result could not be
+        recorded, ``CompensationNotBuiltError`` when it happened with no undo (the run
+        escalates). ``run_goes_on`` says, for each, whether the run takes more calls."""
         deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
         while True:
             store = self.saga.store
@@ -68,6 +78,7 @@ class StepHandle:
                 )
             self._settled = state not in (StepState.DISPATCHED, StepState.RUNNING)
             if state == StepState.SUCCEEDED:
+                _raise_if_unrecorded(self, payload.loads(error))
                 return payload.loads(result)
             if state == StepState.FAILED:
                 message = (payload.loads(error) or {}).get("message", "failed")
@@ -89,20 +100,57 @@ class StepHandle:
                 raise WaitTimeoutError(f"step {self.step} ({self.tool}) still {state!s}")
 
 
-class Run:
-    """One agent run: the tools it calls are the saga's steps, in the order it calls them."""
+def _raise_if_unrecorded(handle: StepHandle, error: Any) -> None:
+    """A step that succeeded with a problem (``saga.effects``): its effect happened, but the
+    caller must not take the placeholder result for the tool's answer. (A succeeded step's
+    error may also be an earlier attempt's, retried: only these two types say so.)"""
+    kind = error.get("type") if isinstance(error, dict) else None
+    if kind not in PROBLEMS:
+        return
+    message = str(error.get("message", ""))
+    if kind == UNDO_PROBLEM:
+        raise CompensationNotBuiltError(handle.run_id, handle.step, handle.tool, message)
+    goes_on = bool(error.get("run_goes_on"))
+    raise ToolResultError(handle.run_id, handle.step, handle.tool, message, run_goes_on=goes_on)
 
-    def __init__(self, saga: Saga, run_id: str) -> None:
+
+class Run:
+    """One agent run: the tools it calls are the saga's steps, in the order it calls them.
+
+    ``on_failure``: per tool, what its final failure does, as for a hosted agent (default: a
+    failed read is fed back, ``StepRejectedError`` from ``result()`` with the run still open;
+    a failed write unwinds, ``StepFailedError``). It is this object's choice, not the run's:
+    a process that attaches to the run (``Saga.run``) passes its own.
+    """
+
+    def __init__(
+        self,
+        saga: Saga,
+        run_id: str,
+        on_failure: Mapping[str, OnFailure | str] | None = None,
+    ) -> None:
         self.saga = saga
         self.run_id = run_id
+        self.on_failure: dict[str, OnFailure] = {}
+        if on_failure is not None:  # checked against the tools a run may call (no compensation)
+            offered = (t for t in saga.registry if t.offered and t.tool_class is not None)
+            self.on_failure = check_on_failure(
+                f"run {run_id}", on_failure, offered, error=InvalidRunOptionError
+            )
 
     def __repr__(self) -> str:
         return f"<Run {self.run_id}>"
 
     def call(self, tool: str, /, **args: Any) -> StepHandle:
         """Dispatch ``tool`` with ``args``; refused (nothing sent, nothing changed) if the
-        tool is unknown, the arguments are invalid, or the pivot rules forbid it now."""
-        return self.saga.dispatch(self.run_id, tool, args)
+        tool is unknown, the arguments are invalid, or the pivot rules forbid it now.
+
+        Whether its final failure is fed back or unwinds the run is decided here, when the
+        step is reserved (``on_failure``), so the worker that fails it knows."""
+        feed_back = failure_mode(self.saga.registry.offered(tool), self.on_failure)
+        return self.saga.dispatch(
+            self.run_id, tool, args, feed_back_failure=feed_back is OnFailure.FEED_BACK
+        )
 
     def state(self) -> RunState:
         return self.picture().state

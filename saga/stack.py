@@ -360,8 +360,17 @@ class RunStore:
         return self._call("begin_step", run_id, step, tool, args_json, claim, lease, step=step)
 
     def record_success(
-        self, run_id: str, step: int, result_json: str, entry_json: str, irreversible: bool
+        self,
+        run_id: str,
+        step: int,
+        result_json: str,
+        entry_json: str,
+        irreversible: bool,
+        problem: dict[str, Any] | None = None,
+        fails: str = "",
     ) -> Outcome:
+        """``problem``: what went wrong recording the effect, kept as the step's error;
+        ``fails``: the reason a running run fails with it ('' leaves the run running)."""
         return self._call(
             "record_success",
             run_id,
@@ -369,6 +378,8 @@ class RunStore:
             result_json,
             entry_json,
             int(irreversible),
+            "" if problem is None else _error_json(problem),
+            fails,
             step=step,
         )
 

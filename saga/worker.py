@@ -8,7 +8,6 @@ stored and the message acked, so a crash could lose the push or make it twice.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -38,9 +37,9 @@ from saga.constants import (
     step_idempotency_key,
     tool_task_name,
 )
+from saga.effects import UNDO_PROBLEM
 from saga.errors import (
     InvalidArgumentsError,
-    RunEndedError,
     StepFailedError,
     StepInDoubtError,
     StoreUnavailableError,
@@ -440,7 +439,7 @@ def _forward(
         error = _error(exc, attempt)
         _settle_final_failure(saga, tool, run_id, step, args, error, event, orphaned)
         raise
-    _settle_success_patiently(saga, tool, run_id, step, args, result)
+    _settle_success_patiently(saga, tool, run_id, step, args, result, feed_back)
     return result
 
 
@@ -492,7 +491,7 @@ def _settle_final_failure(
                 step,
                 tool.name,
             )
-            _settle_success_patiently(saga, tool, run_id, step, args, found)
+            _settle_success_patiently(saga, tool, run_id, step, args, found, event == "reject")
             return
     _record_failure(saga, run_id, step, error, event)
     metrics.step(tool.name, "failed" if event == "fail" else "rejected")
@@ -524,7 +523,13 @@ def _record_failure(saga: Saga, run_id: str, step: int, error: dict[str, Any], e
 
 
 def _settle_success_patiently(
-    saga: Saga, tool: Tool, run_id: str, step: int, args: dict[str, Any], result: Any
+    saga: Saga,
+    tool: Tool,
+    run_id: str,
+    step: int,
+    args: dict[str, Any],
+    result: Any,
+    feed_back: bool = False,
 ) -> None:
     """The effect happened; recording it must not depend on the broker being up.
 
@@ -544,6 +549,7 @@ def _settle_success_patiently(
         step,
         args,
         result,
+        feed_back,
     )
 
 
@@ -565,12 +571,33 @@ def _patiently(saga: Saga, what: str, call: Callable[..., T], *args: Any) -> T:
 
 
 def _settle_success(
-    saga: Saga, tool: Tool, run_id: str, step: int, args: dict[str, Any], result: Any
+    saga: Saga,
+    tool: Tool,
+    run_id: str,
+    step: int,
+    args: dict[str, Any],
+    result: Any,
+    feed_back: bool = False,
 ) -> None:
-    """Record the result, push the undo and mark the pivot in one script."""
+    """Record the result, push the undo and mark the pivot in one script.
+
+    An effect that cannot be recorded as it is (``saga.effects``) is still a success with its
+    undo pushed, its problem kept as the step's error in the same script, and the run set
+    failing there too: always when the undo could not be built (the effect is live with no
+    undo), and for a result that cannot be recorded unless the step's failures are fed back
+    (``feed_back``: the caller is told and the run goes on, the undo on its stack)."""
     result_json, entry_json, problem = saga.encode_effect(tool, run_id, step, args, result)
+    fails = ""
+    if problem is not None and (problem["type"] == UNDO_PROBLEM or not feed_back):
+        fails = f"step {step} ({tool.name}): {problem['message']}"
+        logger.error("run %s step %d (%s): %s; the run fails", run_id, step, tool.name, fails)
+    elif problem is not None:
+        logger.error("run %s step %d (%s): %s", run_id, step, tool.name, problem["message"])
+        problem = {**problem, "run_goes_on": True}  # what the caller's error says
     irreversible = tool.tool_class is ToolClass.IRREVERSIBLE_WRITE
-    outcome = saga.store.record_success(run_id, step, result_json, entry_json, irreversible)
+    outcome = saga.store.record_success(
+        run_id, step, result_json, entry_json, irreversible, problem, fails
+    )
     if outcome.status in ("ok", "dup", "late"):
         metrics.step(tool.name, "succeeded")
         mine = int(outcome.values[0]) == 1
@@ -578,10 +605,6 @@ def _settle_success(
         _after_success(saga, run_id, step, mine, int(outcome.values[1]) == 1, turn_done)
     else:  # never silent: the store logged the refused transition; a person must look
         raise StepFailedError(run_id, step, tool.name, f"its success was refused: {outcome}")
-    if problem:
-        logger.error("run %s step %d (%s): %s; aborting the run", run_id, step, tool.name, problem)
-        with contextlib.suppress(RunEndedError):  # already failing: the unwind meets it anyway
-            saga.abort(run_id, f"step {step} ({tool.name}): {problem}")
 
 
 def _after_success(

@@ -8,7 +8,7 @@ SDKs are optional extras. Declare an ``Agent`` (``saga.agent(...)``) and the wor
 loop (``hosted``: one Celery task per turn); nothing here imports Celery.
 """
 
-from saga.agents.agent import Agent, AgentRegistry, Limits, OnFailure, OnLimit
+from saga.agents.agent import Agent, AgentRegistry, Limits, OnLimit
 from saga.agents.chat_model import DEFAULT_ANTHROPIC_MAX_TOKENS, ChatModelPolicy
 from saga.agents.formats import parse_response, tool_definitions, wire_format
 from saga.agents.messages import ModelFormat, ModelTurn, ToolCall, ToolResult, Usage
@@ -17,6 +17,7 @@ from saga.agents.policies import Policy, ScriptedPolicy, ScriptStep, take_turn
 from saga.agents.schema import CLASS_SENTENCES, offered_tools
 from saga.agents.transcript import Transcript
 from saga.errors import ApprovalError, ConversationError, ModelCallError, UnknownAgentError
+from saga.model import OnFailure
 
 __all__ = [
     # Offering tools

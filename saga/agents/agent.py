@@ -14,22 +14,14 @@ from enum import StrEnum
 from saga.agents.policies import Policy
 from saga.agents.schema import offered_tools
 from saga.errors import ToolDefinitionError, UnknownAgentError
-from saga.model import ToolClass
+from saga.model import OnFailure, ToolClass
 from saga.retry import RetryPolicy
+from saga.rules import check_on_failure, failure_mode
 from saga.tools import Tool, ToolRegistry
 from saga.validation import AGENT_NAME
 
 #: Agent names go in a 100-character column; 64 is plenty for a name a person reads.
 _NAME = AGENT_NAME
-
-
-class OnFailure(StrEnum):
-    """What a tool's final failure does to a hosted run."""
-
-    #: The model gets the error as the call's result and decides; the run goes on.
-    FEED_BACK = "feed_back"
-    #: The run unwinds (or escalates past the pivot): the seed's rule for writes.
-    UNWIND = "unwind"
 
 
 class OnLimit(StrEnum):
@@ -165,33 +157,6 @@ class AgentRegistry:
 
     def __len__(self) -> int:
         return len(self._agents)
-
-
-def failure_mode(tool: Tool, overrides: Mapping[str, OnFailure]) -> OnFailure:
-    """A failed read changed nothing, so the model may as well try something else; a failed
-    write unwinds, because what the run did so far was built on it. ``overrides`` win."""
-    if tool.name in overrides:
-        return overrides[tool.name]
-    return OnFailure.FEED_BACK if tool.tool_class is ToolClass.READ else OnFailure.UNWIND
-
-
-def check_on_failure(
-    owner: str, on_failure: Mapping[str, OnFailure | str] | None, tools: Iterable[Tool]
-) -> dict[str, OnFailure]:
-    """``on_failure`` may only name ``tools`` (what ``owner`` may call), each with a known mode."""
-    names = {t.name for t in tools}
-    overrides: dict[str, OnFailure] = {}
-    for tool, mode in (on_failure or {}).items():
-        if tool not in names:
-            raise ToolDefinitionError(
-                f"on_failure of {owner} names {tool!r}, which it may not call"
-            )
-        try:
-            overrides[tool] = OnFailure(mode)
-        except ValueError:
-            known = ", ".join(m.value for m in OnFailure)
-            raise ToolDefinitionError(f"on_failure {mode!r}: use one of {known}") from None
-    return overrides
 
 
 def check_approval(owner: str, approval: Iterable[str], tools: Iterable[Tool]) -> frozenset[str]:

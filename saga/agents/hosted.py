@@ -27,7 +27,7 @@ import redis
 
 from saga import rules, telemetry
 from saga.agents import approvals
-from saga.agents.agent import Agent, OnFailure, OnLimit
+from saga.agents.agent import Agent, OnLimit
 from saga.agents.launch import publish_agents, send_turn
 from saga.agents.lease import TURN_LEASE_SECONDS, Hold, keeper_for
 from saga.agents.messages import ModelTurn, ToolCall
@@ -54,7 +54,7 @@ from saga.errors import (
     UnknownToolError,
 )
 from saga.hooks import RunListener
-from saga.model import RunState, ToolClass
+from saga.model import OnFailure, RunState, ToolClass
 
 if TYPE_CHECKING:
     from saga.engine import Saga

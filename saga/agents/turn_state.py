@@ -21,6 +21,7 @@ from saga import payload
 from saga.agents.messages import ModelTurn, ToolCall, ToolResult, Usage
 from saga.agents.transcript import Transcript
 from saga.constants import agent_key, call_marker
+from saga.effects import PROBLEMS
 from saga.errors import PayloadError, RunEndedError
 from saga.model import RunState, StepState
 from saga.picture import RunPicture, StepRecord
@@ -136,6 +137,9 @@ def result_of(call: ToolCall, step: StepRecord | None, refused: str | None) -> T
     if step is None:
         return None
     message = (step.error or {}).get("message", "")
+    if step.state is StepState.SUCCEEDED and (step.error or {}).get("type") in PROBLEMS:
+        # The effect happened, but the result recorded is a placeholder (``saga.effects``).
+        return ToolResult.failure(call.id, f"{call.name} ran, but {message}")
     if step.state is StepState.SUCCEEDED:
         return ToolResult(call.id, step.result)
     if step.state is StepState.REJECTED:

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from saga.escalations.markdown import compact, database_why
 from saga.escalations.schema import CompensationDoc, EscalationDoc, RunDoc
-from saga.escalations.timeline import Line, call_text, timeline
+from saga.escalations.timeline import Line, timeline, undo_text
 
 _STATE_STYLE = {
     "succeeded": "green",
@@ -92,7 +92,7 @@ def _steps(doc: RunDoc) -> Table:
 
 def _failed(comp: CompensationDoc) -> RenderableType:
     undo = comp["undo"]
-    what = call_text(undo["tool"], undo["args"], 80) if undo else "(undo not recorded)"
+    what = undo_text(undo, 80)
     title = (
         f"✗ step {comp['step']}: {what}: {comp['attempts']} attempt(s), {comp['rounds']} round(s)"
     )

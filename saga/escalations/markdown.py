@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from saga.escalations.schema import CompensationDoc, EscalationDoc, RunDoc, RunJsonDoc
-from saga.escalations.timeline import call_text, plain, timeline
+from saga.escalations.timeline import plain, timeline, undo_text
 
 #: A cell longer than this is cut (the JSON has it whole).
 _CELL = 160
@@ -78,14 +78,14 @@ def _step_outcome(step: Any) -> str:
 
 def _failed(comp: CompensationDoc) -> list[str]:
     undo = comp["undo"]
-    what = call_text(undo["tool"], undo["args"], 80) if undo else "(undo not recorded)"
-    lines = [
-        f"#### Step {comp['step']}: `{what}`",
-        "",
-        f"Gave up after {comp['attempts']} attempt(s) in {comp['rounds']} round(s)"
-        + (f"; idempotency key `{undo['idempotency_key']}`." if undo else "."),
-        "",
-    ]
+    what = undo_text(undo, 80)
+    if undo and undo["broken"]:
+        verdict = "Never ran: the compensation could not be built, so there is no undo to run."
+    else:
+        verdict = f"Gave up after {comp['attempts']} attempt(s) in {comp['rounds']} round(s)" + (
+            f"; idempotency key `{undo['idempotency_key']}`." if undo else "."
+        )
+    lines = [f"#### Step {comp['step']}: `{what}`", "", verdict, ""]
     rows = [
         [str(e["attempt"] or ""), e["at"] or "", _cell(e["type"]), _cell(e["message"])]
         for e in comp["errors"]

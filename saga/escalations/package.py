@@ -24,13 +24,18 @@ from saga.escalations.schema import (
     CompensationDoc,
     EscalationDoc,
     RunDoc,
+    StackEntryDoc,
     StepDoc,
     WhyDoc,
     WhyKind,
 )
 from saga.model import RunState, StepState
 from saga.picture import RunPicture
-from saga.rules import REASON_AFTER_PIVOT, REASON_COMPENSATION_FAILED
+from saga.rules import (
+    REASON_AFTER_PIVOT,
+    REASON_COMPENSATION_FAILED,
+    REASON_COMPENSATION_NOT_BUILT,
+)
 from saga.validation import generation_of
 
 if TYPE_CHECKING:
@@ -47,6 +52,11 @@ SUMMARIES: dict[WhyKind, str] = {
     "compensation_failed": (
         "An undo gave up after its retries, so the effects listed as live are still in the "
         "world. Fix what made it fail, then requeue it (or undo them by hand and resolve)."
+    ),
+    "compensation_not_built": (
+        "A step's effect happened but its compensation could not be built (the cause says "
+        "why), so saga has no undo for it: it is listed as live and not undoable, and a "
+        "requeue cannot run it. Undo it by hand, then resolve."
     ),
     "after_pivot": (
         "A step failed after an irreversible one had succeeded, so nothing was unwound: the "
@@ -76,6 +86,8 @@ def classify(reason: str, cause: str, steps: Sequence[StepDoc] = ()) -> WhyDoc:
     """Why a person has the run: the verdict it ended with first, then what else applies."""
     if reason == REASON_COMPENSATION_FAILED:
         kind: WhyKind = "compensation_failed"
+    elif reason == REASON_COMPENSATION_NOT_BUILT:
+        kind = "compensation_not_built"
     elif reason == REASON_AFTER_PIVOT:
         kind = "after_pivot"
     elif reason == REASON_LATE_LANDING:
@@ -157,7 +169,7 @@ def escalation_package(
     failed = [failed_from_record(f) for f in escalation.failed_compensations]
     stack = stack_doc(escalation.stack)
     open_ = not escalation.resolved
-    requeueable = open_ and run_doc["pivot_step"] is None and bool(stack)
+    requeueable = open_ and run_doc["pivot_step"] is None and _runnable(stack)
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "saga.escalation",
@@ -191,7 +203,7 @@ def _package_from_picture(picture: RunPicture, command: str, corrections: bool) 
     run_doc = run_document(picture)
     escalation_id = f"{picture.run_id}:{picture.generation}"
     failed = [c for c in run_doc["compensations"] if c["state"] == "failed"]
-    requeueable = picture.pivot_step is None and bool(run_doc["stack"])
+    requeueable = picture.pivot_step is None and _runnable(run_doc["stack"])
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "saga.escalation",
@@ -219,6 +231,11 @@ def _package_from_picture(picture: RunPicture, command: str, corrections: bool) 
             corrections=corrections,
         ),
     }
+
+
+def _runnable(stack: Sequence[StackEntryDoc]) -> bool:
+    """A requeue runs the undos on the stack again; one never built cannot run."""
+    return any(not entry["broken"] for entry in stack)
 
 
 def _moved_on(run_doc: RunDoc, generation: int | None) -> str:

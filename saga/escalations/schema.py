@@ -14,6 +14,7 @@ SCHEMA_VERSION = 1
 #: Why a person has the run (``WhyDoc.kind``): the verdict the run ended with.
 WhyKind = Literal[
     "compensation_failed",  # an undo gave up after its retries: requeue once the cause is fixed
+    "compensation_not_built",  # a compensation function raised: the effect is live, no undo
     "after_pivot",  # a step failed past an irreversible one: nothing was unwound
     "in_doubt",  # nothing could tell whether a step's effect happened
     "deadline",  # no progress before the run's deadline: the reaper ended it

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from saga.escalations.schema import CompensationDoc, RunDoc, StepDoc
+from saga.escalations.schema import CompensationDoc, RunDoc, StepDoc, UndoDoc
 
 #: A run of text and the rich style it is drawn in ('' for none).
 Segment = tuple[str, str]
@@ -38,6 +38,16 @@ def call_text(tool: str, args: dict[str, Any], width: int = 60) -> str:
     """``tool(arg=value, ...)``, cut to ``width`` characters so the columns line up."""
     text = f"{tool}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
     return text if len(text) <= width else text[: width - 4] + "...)"
+
+
+def undo_text(undo: UndoDoc | None, width: int = 60, missing: str = "(undo not recorded)") -> str:
+    """An undo as a call, or why there is none: one never built has no call to show."""
+    if undo is None:
+        return missing
+    if undo["broken"]:
+        text = f"(no undo: {undo['description']})"
+        return text if len(text) <= width else text[: width - 4] + "...)"
+    return call_text(undo["tool"], undo["args"], width)
 
 
 def plain(lines: list[Line]) -> str:
@@ -118,7 +128,7 @@ def _unwind(doc: RunDoc) -> list[Line]:
             ]
         )
         for entry in doc["stack"]:
-            text = call_text(entry["tool"], entry["args"], 50)
+            text = undo_text(entry, 50)
             lines.append(
                 [
                     (f"{_INDENT}{circled(entry['step'])} {text:<{_UNWIND_WIDTH}}", ""),
@@ -147,7 +157,7 @@ def _unwind(doc: RunDoc) -> list[Line]:
 
 def _unwind_row(step: int, comp: CompensationDoc) -> Line:
     undo = comp["undo"]
-    text = call_text(undo["tool"], undo["args"], 50) if undo else "(its undo, as recorded)"
+    text = undo_text(undo, 50, "(its undo, as recorded)")
     line: Line = [(f"{_INDENT}{circled(step)} {text:<{_UNWIND_WIDTH}}", "")]
     state, tries = comp["state"], f"{comp['attempts']} attempt(s)"
     if state == "done":

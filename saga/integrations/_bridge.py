@@ -4,7 +4,8 @@ tool through the run's dispatcher, its answer sorted three ways.
 - a result: the step succeeded;
 - a ``Refusal``: nothing happened and the model can act on why (an unknown tool, bad arguments,
   a class 5 call before the writes settled, a reversible call past the pivot, a tool's
-  ``ToolRejected``, a failure the tool's mode feeds back); the run goes on;
+  ``ToolRejected``, a failure the tool's mode feeds back, a result that could not be recorded
+  where failures are fed back); the run goes on;
 - an exception: a failed write is unwinding the run (``StepFailedError``), or the run ended,
   or the wait ran out (``WaitTimeoutError``). The agent must stop: the run takes no more calls.
 
@@ -18,17 +19,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from saga import rules
-from saga.agents.agent import OnFailure, check_approval, check_on_failure, failure_mode
+from saga.agents.agent import check_approval
 from saga.agents.schema import offered_tools
 from saga.errors import (
     CallRefusedError,
     InvalidArgumentsError,
     PayloadError,
-    StepRejectedError,
+    StepFailedError,
     ToolDefinitionError,
     UnknownToolError,
 )
-from saga.model import ToolClass
+from saga.model import OnFailure, ToolClass
+from saga.rules import check_on_failure, failure_mode
 from saga.runs import Run
 from saga.tools import Tool
 
@@ -106,5 +108,9 @@ class ToolBridge:
             return Refusal(str(exc))
         try:
             return handle.result(timeout=self.timeout)
-        except StepRejectedError as exc:
+        except StepFailedError as exc:
+            if not exc.run_goes_on:  # unwinding or escalating: the agent must stop
+                raise
+            # Rejected, fed back, or a result that could not be recorded (its effect
+            # happened; the undo is on the stack): the model is told and may go on.
             return Refusal(exc.error or f"{name} was rejected")

@@ -30,12 +30,11 @@ except ImportError as exc:  # pragma: no cover - exercised with the framework hi
         "pip install 'saga-compensation[openai-agents]'"
     ) from exc
 
-from saga.agents.agent import OnFailure
 from saga.agents.messages import ToolResult
 from saga.agents.schema import check_strict, describe, json_schema
 from saga.agents.wire import parse_arguments
 from saga.integrations._bridge import Refusal, ToolBridge
-from saga.model import ToolClass
+from saga.model import OnFailure, ToolClass
 from saga.runs import Run
 from saga.tools import Tool
 

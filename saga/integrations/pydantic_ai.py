@@ -32,9 +32,9 @@ except ImportError as exc:  # pragma: no cover - exercised with the framework hi
         "pip install 'saga-compensation[pydantic-ai]'"
     ) from exc
 
-from saga.agents.agent import OnFailure
 from saga.agents.schema import describe, json_schema
 from saga.integrations._bridge import Refusal, ToolBridge
+from saga.model import OnFailure
 from saga.runs import Run
 from saga.tools import Tool
 

@@ -1,4 +1,8 @@
--- ARGV: step, result_json, entry_json ('' when nothing to undo), irreversible ('0'/'1')
+-- ARGV: step, result_json, entry_json ('' when nothing to undo), irreversible ('0'/'1'),
+--       problem_json ('' or absent: none), fails ('' or absent; else the reason the run fails)
+-- A problem (the result could not be recorded, the undo could not be built) is kept as the
+-- succeeded step's error, and ``fails`` sets a running run failing, in the same script as the
+-- push: a redelivery finds the step settled and the run failing, never one without the other.
 -- {'ok', owns the unwind, late, turn done}: the last is only there when this settling
 -- checked the step's turn (the turn it completed, or 0); a repeat leaves the check to its
 -- caller, since the first call's caller may have died before sending the next turn.
@@ -21,9 +25,14 @@ if not to then return illegal('step', st, 'succeed') end
 local judged = st ~= 'running' and st ~= 'dispatched'
   and not (st == 'in_doubt' and redis.call('HEXISTS', INFLIGHT, n) == 1)
 redis.call('HSET', STEPS, n .. ':state', to, n .. ':result', ARGV[2], n .. ':claim', '')
+if ARGV[5] and ARGV[5] ~= '' then redis.call('HSET', STEPS, n .. ':error', ARGV[5]) end
 push_undo(n, ARGV[3])
 local run = redis.call('HMGET', RUN, 'pivot', 'version', 'state')
 bump_from(run[2], (ARGV[4] == '1' and run[1] == '') and {'pivot', n} or nil)
+if ARGV[6] and ARGV[6] ~= '' then
+  run_fails(ARGV[6])
+  run[3] = redis.call('HGET', RUN, 'state')
+end
 redis.call('HDEL', INFLIGHT, n)
 notify()
 if not judged then

@@ -159,7 +159,7 @@ def test_a_step_that_is_still_running_when_the_run_fails_is_compensated_too(saga
     # Given a slow credit in flight when another step fails
     systems.set_delay("billing", 1.0)
     systems.set_down("orders")
-    run = saga.start_run()
+    run = saga.start_run(on_failure={"get_order": "unwind"})  # a failed read unwinds
     credit = run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT)
     order = run.call("get_order", order_id=ORDER)
 
@@ -181,7 +181,7 @@ def test_abort_during_unwinding_and_calls_on_an_unknown_run_are_refused(saga: An
     # Given a run that is unwinding (a read failed) while a slow credit is still in flight
     systems.set_delay("billing", 1.0)
     systems.set_down("orders")
-    run = saga.start_run()
+    run = saga.start_run(on_failure={"get_order": "unwind"})  # a failed read unwinds
     credit = run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT)
     read = run.call("get_order", order_id=ORDER)
     wait_until(lambda: run.state() is RunState.UNWINDING, what="the run to start unwinding")

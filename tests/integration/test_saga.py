@@ -59,6 +59,9 @@ def test_happy_path_completes_with_every_effect_kept(saga: Any) -> None:
     assert saga.records.run(run.run_id).state == "completed"
 
 
+#: A failed read is fed back to a driven run's caller by default; these tests unwind on it.
+READS_UNWIND = {"get_order": "unwind"}
+
 # (successful steps before the failure, service to break, compensations expected, newest first)
 FAILURE_POSITIONS = [
     (0, "orders", []),
@@ -74,7 +77,7 @@ def test_failure_at_each_position_unwinds_exactly_what_was_done_in_reverse(
 ) -> None:
     # Given the service behind step done+1 is down
     systems.set_down(service)
-    run = saga.start_run()
+    run = saga.start_run(on_failure=READS_UNWIND)
 
     # When the agent runs the sequence
     results = demo_steps(run)

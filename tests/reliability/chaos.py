@@ -617,7 +617,9 @@ class Chaos:
                 faults = {k: json.dumps(v) for k, v in plan["faults"].items()}
                 self.ledger.client.hset(plan_key(run_id), mapping=faults)
             deadline = self.args.deadline if plan["deadline"] == "long" else SHORT_DEADLINE
-            run = self.saga.start_run(run_id, deadline=deadline)
+            # The plans were written for driven runs where any final failure unwinds: the
+            # read's too, which a driven run would otherwise feed back.
+            run = self.saga.start_run(run_id, deadline=deadline, on_failure={"peek": "unwind"})
             agent = plan["agent"]
             for number, step in enumerate(plan["steps"], 1):
                 if agent.get("abandon_after") == number - 1:

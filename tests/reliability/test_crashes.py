@@ -317,7 +317,7 @@ def test_two_failures_at_once_start_exactly_one_unwind(
     # both failing (after retries with the orders service down, or together: no such order)
     env = private()
     worker = env.worker(concurrency=2)
-    run = env.saga.start_run()
+    run = env.saga.start_run(on_failure={"get_order": "unwind"})  # a failed read unwinds
     call(run, CREDIT_CALL).result(timeout=10)
     if failure == "orders-down":
         systems.set_down("orders")
@@ -387,7 +387,7 @@ def test_a_later_step_failing_before_the_earlier_push_lands_still_undoes_it(
     env = private()
     env.worker(concurrency=2)
     systems.set_delay("billing", 1.5)
-    run = env.saga.start_run()
+    run = env.saga.start_run(on_failure={"get_order": "unwind"})  # a failed read unwinds
     credit = call(run, CREDIT_CALL)
     wait_until(lambda: step_state(env, run.run_id, 1) == "running", 10, "the credit to start")
 

@@ -34,6 +34,7 @@ from saga import (
     StepHandle,
     StepState,
     StoreUnavailableError,
+    ToolResultError,
     UnknownRunError,
     payload,
 )
@@ -846,13 +847,17 @@ def test_the_limit_counts_utf8_bytes_not_characters() -> None:
         payload.dumps("é" * 1000, what="body", limit=2000)
 
 
-def _oversized_reply(env: Private) -> tuple[Run, Any]:
-    """Steps 1-3, then a reply whose result (it echoes the subject) is over the worker's limit."""
+def _oversized_reply(env: Private) -> tuple[Run, ToolResultError]:
+    """Steps 1-3, then a reply whose result (it echoes the subject) is over the worker's limit:
+    the caller is told at once (``ToolResultError``)."""
     env.worker()
     run = env.saga.start_run()
     assert len(demo_steps(run, upto=3)) == 3
     subject = "s" * (WORKER_LIMIT + 100)  # small enough to send, too big to record
-    return run, run.call("send_reply", to=EMAIL, subject=subject, body="hi").result(timeout=20)
+    reply = run.call("send_reply", to=EMAIL, subject=subject, body="hi")
+    with pytest.raises(ToolResultError) as caught:
+        reply.result(timeout=20)
+    return run, caught.value
 
 
 def test_oversized_result_of_an_irreversible_step_escalates(
@@ -860,9 +865,9 @@ def test_oversized_result_of_an_irreversible_step_escalates(
 ) -> None:
     """A result over the worker's limit: the mail went once, the run escalates, nothing lost."""
     env = private(extra_env={"SAGA_MAX_PAYLOAD_BYTES": str(WORKER_LIMIT)})
-    run, result = _oversized_reply(env)
+    run, error = _oversized_reply(env)
     problem = "result of send_reply is 2158 bytes, over the limit of 2000 bytes"
-    assert result == {"unrecorded": problem}
+    assert (error.error, error.run_goes_on) == (problem, False)
     picture = run.wait(timeout=30)
     assert picture.state is RunState.ESCALATED and picture.pivot_step == 4
     assert picture.step(4).state is StepState.SUCCEEDED  # the effect happened: never "failed"
@@ -889,12 +894,13 @@ def test_oversized_result_of_a_reversible_step_unwinds(private: Callable[..., Pr
     run = env.saga.start_run()
     assert len(demo_steps(run, upto=2)) == 2
     status = "t" * (WORKER_LIMIT + 100)  # set_ticket_status echoes it in its result
-    result = run.call("set_ticket_status", ticket_id=TICKET, status=status).result(timeout=20)
+    with pytest.raises(ToolResultError) as caught:
+        run.call("set_ticket_status", ticket_id=TICKET, status=status).result(timeout=20)
     problem = "result of set_ticket_status is 2148 bytes, over the limit of 2000 bytes"
-    assert result == {"unrecorded": problem}
+    assert caught.value.error == problem
     picture = run.wait(timeout=30)
     assert picture.state is RunState.COMPENSATED
-    assert picture.reason == f"aborted: step 3 (set_ticket_status): {problem}"
+    assert picture.reason == f"step 3 (set_ticket_status): {problem}"
     assert sorted(c.step for c in picture.compensations if c.state.value == "done") == [2, 3]
     assert systems.get_ticket(TICKET)["status"] == "open"
     assert [e["amount_cents"] for e in systems.ledger(ORDER)] == [CREDIT, -CREDIT]

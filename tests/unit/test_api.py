@@ -34,6 +34,7 @@ EXPORTED = [
     "Saga",
     "SagaHooks",
     "Settings",
+    "OnFailure",
     "StepHandle",
     # What a run looks like
     "ActionRecord",
@@ -50,6 +51,7 @@ EXPORTED = [
     # Errors
     "CallRefusedError",
     "CompensationBuildError",
+    "CompensationNotBuiltError",
     "ConfigurationError",
     "DatabaseSchemaError",
     "DispatchError",
@@ -78,6 +80,7 @@ EXPORTED = [
     "StoreUnavailableError",
     "ToolDefinitionError",
     "ToolNotOfferedError",
+    "ToolResultError",
     "UnknownEscalationError",
     "UnknownRunError",
     "UnknownToolError",
@@ -125,7 +128,7 @@ def test_errors_module_is_found() -> None:
     names = {cls.__name__ for cls in ERROR_CLASSES}
     exported_errors = {n for n in EXPORTED if n.endswith("Error")}
     assert exported_errors <= names
-    assert len(exported_errors) == 34
+    assert len(exported_errors) == 36
 
 
 @pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)

@@ -15,6 +15,7 @@ from saga.model import CompensationState, RunState, StepState, ToolClass
 from saga.rules import (
     REASON_AFTER_PIVOT,
     REASON_COMPENSATION_FAILED,
+    REASON_COMPENSATION_NOT_BUILT,
     check_call,
     conclusion,
     gate_for,
@@ -352,6 +353,27 @@ def test_not_undone_says_whether_the_undo_failed_or_never_ran(
     )
 
     assert [live["why"] for live in not_undone(run)] == [why]
+
+
+def test_an_undo_never_built_escalates_saying_so_and_its_effect_is_not_undoable() -> None:
+    """A compensation function that raised left an undo that cannot run: the verdict and the
+    live list say the compensation could not be built, not that an undo gave up."""
+    why = "the compensation could not be built: KeyError 'creditid'"
+    broken = {**entry(2, ""), "args": {}, "broken": True, "description": why}
+    failed = CompensationRecord(step=2, entry=broken, state=CompensationState.FAILED, attempts=0)
+    run = picture(
+        [
+            step(1, "issue_credit", ToolClass.COMPENSATABLE_WRITE, result={"credit": "cr_1"}),
+            step(2, "issue_credit", ToolClass.COMPENSATABLE_WRITE, result={"credit": "cr_2"}),
+        ],
+        stack=[broken],
+        compensations=[compensation(1, "reverse_credit", CompensationState.DONE), failed],
+    )
+
+    assert conclusion(run) == (RunState.ESCALATED, REASON_COMPENSATION_NOT_BUILT)
+    assert [(live["step"], live["why"]) for live in not_undone(run)] == [
+        (2, f"not undoable: {why}")
+    ]
 
 
 def test_not_undone_lists_live_effects_with_their_reasons() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -132,6 +133,18 @@ def test_each_settled_step_becomes_a_result_and_an_unsettled_one_none() -> None:
     assert result_of(READ, None, "refused: wait") == ToolResult.failure("c2", "refused: wait")
     assert result_of(READ, step(StepState.RUNNING), None) is None
     assert result_of(READ, None, None) is None
+
+
+def test_a_result_that_could_not_be_recorded_is_an_error_for_the_model() -> None:
+    """The effect happened but its result is a placeholder: the model is told why, never
+    handed ``{"unrecorded": ...}`` as if it were the tool's answer; a retried success is not."""
+    problem = {"type": "ToolResultError", "message": "result of get_order is 9 bytes, over 8"}
+    unrecorded = {"unrecorded": problem["message"]}
+    record = StepRecord(1, "get_order", ToolClass.READ, {}, StepState.SUCCEEDED, 1, unrecorded)
+    told = result_of(READ, replace(record, error=problem), None)
+    assert told == ToolResult.failure("c2", f"get_order ran, but {problem['message']}")
+    retried = replace(record, result={"id": 1}, error={"type": "OSError", "message": "reset"})
+    assert result_of(READ, retried, None) == ToolResult("c2", {"id": 1})
 
 
 # -- the loop's state and limits ----------------------------------------------------------------
