@@ -113,7 +113,7 @@ class Saga:
         from saga.worker import install_tool
 
         install_tool(self.app, self, tool)
-        self.caller_tools.tool_added()
+        self.caller_tools.tool_added(tool.name)
 
     @property
     def records(self) -> RecordStore:

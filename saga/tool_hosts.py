@@ -61,27 +61,36 @@ def _names(client: redis.Redis, key: str) -> set[str]:
 
 class CallerTools:
     """One caller's side: publish what it knows once (again after a late registration), and
-    refuse a call of a tool that workers have published and none of them runs. A tool seen
-    published is remembered, so the steady state costs no command per call."""
+    refuse a call of a tool registered after the ``Saga`` was built that workers have
+    published and none of them runs. A tool seen published is remembered, so the steady
+    state costs no command per call.
+
+    Only late tools are checked at the call: the published sets are never pruned (a worker
+    of another deploy, or another app on the same Redis, may still be running), so they can
+    vouch for a tool but cannot prove that a tool known from the start is missing; the
+    worker's start-up and ``saga doctor`` name those."""
 
     def __init__(self, client: redis.Redis, known: Callable[[], Iterable[str]]) -> None:
         self._client = client
         self._known = known
         self._hosted: set[str] = set()
+        self._late: set[str] = set()
         self._published = False
 
-    def tool_added(self) -> None:
+    def tool_added(self, name: str) -> None:
+        self._late.add(name)
         self._published = False
 
     def check(self, tool_name: str) -> None:
-        """``UnknownToolError`` when workers published their tools and ``tool_name`` is not
-        one of them; nothing when Redis cannot say (the call's own writes will tell)."""
-        if tool_name in self._hosted:
-            return
+        """``UnknownToolError`` when ``tool_name`` was registered late, workers published
+        their tools and it is not one of them; nothing when Redis cannot say (the call's own
+        writes will tell)."""
         try:
             if not self._published:
                 publish_caller_tools(self._client, self._known())
                 self._published = True
+            if tool_name not in self._late or tool_name in self._hosted:
+                return
             self._hosted = worker_tools(self._client)
         except redis.RedisError:
             return

@@ -26,6 +26,7 @@ from saga.escalations import EscalationDoc, RunDoc, run_json
 from saga.escalations.schema import RunJsonDoc
 from saga.listing import RunFilter, page_of_runs
 from saga.model import RunState
+from saga.picture import RunPicture
 from saga.queries import escalation_doc, find_escalation, hosted_doc, run_doc
 from saga.records import EscalationRecord
 from saga.validation import REASON_MAX_LENGTH, parse_escalation_id
@@ -186,8 +187,10 @@ def requeue(
     if not doc["open"]:
         raise EscalationResolvedError(f"escalation {escalation_id} is closed: {doc['resolution']}")
     current = ctx.store.picture(run_id) or ctx.records.picture(run_id)
-    if current is not None and (
-        current.state is not RunState.ESCALATED or current.generation != generation
+    if (
+        current is not None
+        and (current.state is not RunState.ESCALATED or current.generation != generation)
+        and not _requeue_not_sent(ctx, current, generation)
     ):
         raise EscalationResolvedError(
             f"escalation {escalation_id} is not the run's current one: run {run_id} is "
@@ -195,6 +198,17 @@ def requeue(
         )
     saga = ctx.saga()
     return saga.requeue_failed_compensations(run_id, corrections=corrections, by=by)
+
+
+def _requeue_not_sent(ctx: WebContext, current: RunPicture, generation: int) -> bool:
+    """The run unwinds under this very escalation's requeue, whose unwind the broker refused
+    (202 ``not_sent``): the same requeue again goes on to ``saga.operations``, which converges
+    on it when it is the same one (same person, same corrections)."""
+    return (
+        current.state is RunState.UNWINDING
+        and current.generation == generation + 1
+        and ctx.store.refused(current.run_id).startswith("requeue:")
+    )
 
 
 def resolve(ctx: WebContext, escalation_id: str, note: str, by: str) -> EscalationRecord:

@@ -71,17 +71,19 @@ def web_app(client: AsyncClient) -> FastAPI:
     @app.post("/runs/{run_id}/approvals/{approval_id}")
     async def decide(run_id: str, approval_id: str, body: dict[str, str]) -> dict[str, str]:
         if body["verdict"] == "approve":
-            await client.approve(run_id, approval_id, args_hash=body["args_hash"], by="ops@acme")
+            applied = await client.approve(
+                run_id, approval_id, args_hash=body["args_hash"], by="ops@acme"
+            )
         else:
-            await client.deny(
+            applied = await client.deny(
                 run_id, approval_id, body["reason"], args_hash=body["args_hash"], by="ops@acme"
             )
-        return {"ok": "yes"}
+        return {"applied": "now" if applied else "already"}
 
     @app.post("/runs/{run_id}/abort")
     async def abort(run_id: str) -> dict[str, str]:
-        await client.abort_run(run_id, "the customer called back")
-        return {"ok": "yes"}
+        applied = await client.abort_run(run_id, "the customer called back")
+        return {"applied": "now" if applied else "already"}
 
     return app
 
@@ -234,7 +236,8 @@ def test_a_run_is_approved_or_denied_through_the_async_client(hosted: str) -> No
     again, approved, denied = run(main)
 
     assert approved["state"] == "completed" and approved["final_text"] == "Sent."
-    assert "decided already" in again["detail"] or "no longer running" in again["detail"]
+    # The same decision again by the same person is no refusal: applied already.
+    assert again == {"applied": "already"}
     assert denied["state"] == "completed"
     assert denied["final_text"] == "Not sent: a person (ops@acme) declined send_reply: not now"
     assert len(systems.outbox()) == 1
@@ -379,7 +382,7 @@ def test_a_silent_broker_is_message_not_sent_with_the_run_id_and_the_retry_conve
 
     refused, ticks, state, (again, status) = run(main)
     assert isinstance(refused, MessageNotSentError) and run_id in str(refused)
-    assert "enqueue_run again with the same run id" in str(refused)
+    assert (refused.run_id, refused.applied, refused.pending) == (run_id, "created", "turn 1")
     assert ticks >= 10  # the loop ran while the publish was pending
     assert state == "running"
     assert again == run_id and status.state == "completed"
@@ -415,9 +418,9 @@ def test_a_broker_that_refuses_the_decision_and_the_unwind_is_message_not_sent(
 
     (decided, first), (aborted, second) = run(main)
     assert isinstance(decided, MessageNotSentError) and first in str(decided)
-    assert "approved, but the broker did not take the turn" in str(decided)
+    assert (decided.applied, decided.pending) == ("call 1:0 approved", "turn")
     assert isinstance(aborted, MessageNotSentError) and second in str(aborted)
-    assert "abort_run again with the same reason" in str(aborted)
+    assert (aborted.applied, aborted.pending) == ("aborted", "unwind")
 
 
 @pytest.mark.parametrize(
@@ -464,4 +467,4 @@ def test_the_web_app_answers_other_requests_while_one_waits_on_a_silent_broker(
 
     pending, reads, started = run(main)
     assert pending and reads == [200, 200, 200]
-    assert started["error"] == "MessageNotSentError" and "is created" in started["detail"]
+    assert started["error"] == "MessageNotSentError" and "created, but" in started["detail"]

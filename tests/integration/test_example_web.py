@@ -119,8 +119,12 @@ def test_an_approved_reply_goes_out(saga_client: Client) -> None:
     assert response.status_code == 303
     assert status["state"] == "completed" and status["final_text"] == "Sent."
     assert len(systems.outbox()) == 1
+    # Single use: the same decision again is applied already (nothing goes out twice), and
+    # anyone else's is refused.
     again = decide(web, run_id, pending, decision="approve", by="ops@acme")
-    assert again.status_code == 409  # single use
+    assert again.status_code == 303 and len(systems.outbox()) == 1
+    other = decide(web, run_id, pending, decision="approve", by="someone@acme")
+    assert other.status_code == 409
 
 
 def test_a_denied_reply_is_not_sent_and_the_agent_is_told_why(saga_client: Client) -> None:
