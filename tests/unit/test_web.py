@@ -10,10 +10,10 @@ import redis
 
 from saga.errors import (
     ConfigurationError,
+    DispatchError,
     InvalidCursorError,
     InvalidEscalationIdError,
     InvalidTextError,
-    MessageNotSentError,
     RunEndedError,
     TokenError,
 )
@@ -77,17 +77,13 @@ def test_text_saga_refuses_is_a_422_and_a_503_names_no_host() -> None:
         try:
             raise cause
         except redis.ConnectionError as exc:
-            raise MessageNotSentError(
-                f"run r-1 is created, but the broker did not take its first turn ({exc}): "
-                "enqueue_run again with the same run id sends it"
+            raise DispatchError(
+                f"run r-1: the broker did not take the step ({exc}): try again"
             ) from exc
-    except MessageNotSentError as exc:
+    except DispatchError as exc:
         refused = exc
     assert status_of(refused)[0] == 503
-    assert message_of(refused) == (
-        "run r-1 is created, but the broker did not take its first turn: "
-        "enqueue_run again with the same run id sends it"
-    )
+    assert message_of(refused) == "run r-1: the broker did not take the step: try again"
     assert message_of(cause) == "Redis does not answer"
     assert fields_of(RunEndedError("r-1", "completed")) == {"run_id": "r-1", "state": "completed"}
 

@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.datastructures import URL
 
-from saga.errors import UnknownEscalationError, UnknownRunError
+from saga.errors import MessageNotSentError, UnknownEscalationError, UnknownRunError
 from saga.listing import RunFilter, page_of_runs
 from saga.model import RunState
 from saga.queries import escalation_rows, hosted_doc
@@ -248,6 +248,18 @@ def or_page(handler: Handler) -> Handler:
             status = 404
         message = problems.message_of(exc) if not isinstance(exc, HTTPException) else exc.detail
         session = find_session(context(request), request) if status != 503 else None
+        if isinstance(exc, MessageNotSentError):
+            # Applied, its message not sent: no refusal, and the page must not say one.
+            return render.page(
+                request,
+                "error.html",
+                session,
+                status=status,
+                status_code="Applied",
+                heading="Applied: its message is not sent yet",
+                message=str(message),
+                run_link=f"{render.base(request)}/console/runs/{exc.run_id}",
+            )
         return render.page(
             request, "error.html", session, status=status, status_code=status, message=str(message)
         )

@@ -10,6 +10,7 @@ refuses is one whose broker is down, and the retry goes through the deployment's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from tasks.tools import tools
 from tests.conftest import ROOT
 from tests.integration.helpers import wait_until
 from tests.integration.test_operations import at_once
-from tests.integration.web.conftest import Web
+from tests.integration.web.conftest import Web, login_value
 
 INPUT = "Order 4921 arrived late."
 
@@ -279,3 +280,40 @@ def test_a_requeue_whose_unwind_was_refused_is_applied_and_the_same_again_sends_
     reversals = [e for e in systems.ledger(4921) if e["kind"] == "reversal"]
     assert len(reversals) == 1
     assert web.client(web.operate_token).post(url, json={}).status_code == 409
+
+
+def test_the_consoles_abort_the_broker_refused_says_applied_not_refused(
+    web: Web, refusing: Refusing, fresh_world: None
+) -> None:
+    """The console's abort form, its unwind refused by the broker: the page says the abort
+    is applied and its message pending (202, titled so, with the run's link), never
+    "Refused"; the same form again, broker up, sends the unwind and the run compensates."""
+    run_id, _ = awaiting(web)
+    console = TestClient(refusing.http.app, base_url="https://testserver")
+    login = console.get("/console/login").text
+    answer = console.post(
+        "/console/login",
+        data={"csrf": login_value(login), "token": web.operate_token},
+        follow_redirects=False,
+    )
+    assert answer.status_code == 303, answer.text
+    page = console.get(f"/console/runs/{run_id}").text
+    form = {"csrf": csrf_value(page), "reason": "customer called back"}
+
+    refused = console.post(f"/console/runs/{run_id}/abort", data=form, follow_redirects=False)
+
+    assert refused.status_code == 202, refused.text
+    assert "<title>Applied" in refused.text and "Refused" not in refused.text
+    assert "not sent yet" in refused.text and f"/console/runs/{run_id}" in refused.text
+    again = web.console(web.operate_token)
+    page = again.get(f"/console/runs/{run_id}").text
+    form["csrf"] = csrf_value(page)
+    sent = again.post(f"/console/runs/{run_id}/abort", data=form, follow_redirects=False)
+    assert sent.status_code == 303, sent.text
+    web.recorded(run_id, RunState.COMPENSATED)
+
+
+def csrf_value(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, "no CSRF value on the page"
+    return found.group(1)
