@@ -30,7 +30,7 @@ from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
 from saga.rules import not_undone
 from saga.settings import Settings
-from saga.stack import Outcome, RunStore
+from saga.stack import Outcome, RunStore, reachable
 from saga.transport import use_pooled_client_transport
 from saga.validation import check_agent_name, check_deadline, check_name, check_text
 
@@ -127,19 +127,20 @@ class Client:
         """``enqueue_run``, saying also whether this call created the run (for an API that
         answers 201 to the one that did and 200 to the others)."""
         check_agent_name(agent)
-        chosen, open_deadline = run_deadline(
-            published_agent(self.store, agent), deadline, self.settings
-        )
-        return launch_run(
-            self.store,
-            self.app,
-            agent,
-            input,
-            run_id,
-            chosen,
-            self.settings.max_payload_bytes,
-            deadline_open=open_deadline,
-        )
+        with reachable("enqueue_run"):  # a broker refusal is MessageNotSentError within
+            chosen, open_deadline = run_deadline(
+                published_agent(self.store, agent), deadline, self.settings
+            )
+            return launch_run(
+                self.store,
+                self.app,
+                agent,
+                input,
+                run_id,
+                chosen,
+                self.settings.max_payload_bytes,
+                deadline_open=open_deadline,
+            )
 
     def get_run(self, run_id: str) -> RunStatus:
         picture = self.store.picture(run_id)
@@ -153,7 +154,8 @@ class Client:
         found: list[RunSummary] = []
         cursor: str | None = None
         while len(found) < limit:
-            page = page_of_runs(self.store, None, RunFilter(agent=agent, limit=limit), cursor)
+            with reachable("list_runs"):
+                page = page_of_runs(self.store, None, RunFilter(agent=agent, limit=limit), cursor)
             found += summaries(page.rows)
             if page.next_cursor is None:
                 break

@@ -9,18 +9,24 @@ task; a delivery that returns passes its chain on, as Celery's tracer does.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Celery
 from celery.exceptions import Ignore
 
 from saga import RetryPolicy, Saga, Settings, StepContext, ToolClass, ToolRegistry, Undo
 from saga.constants import ACTIVE_RUNS_KEY, CONCLUDE_UNWIND_TASK, run_keys
 from saga.worker import _compensate, _forward
+from tests.conftest import TEST_DB, redis_url_with_db
+
+# Below the session's database (TEST_DB); test_operations and test_listing take the two above.
+HARNESS_DB = int(os.environ.get("SAGA_TEST_HARNESS_REDIS_DB", str(TEST_DB - 1)))
 
 TIME_LIMIT = 30
 
@@ -193,9 +199,18 @@ class Harness:
 
 
 def harness(redis_url: str, data: Path, **settings: Any) -> Iterator[Harness]:
-    made = Harness(redis_url, data, **settings)
+    """A harness on a Redis database of its own, empty at the start.
+
+    The reaper passes in these tests scan every open run of their database: runs that the
+    session's real workers left behind (a hosted run idling at a turn, say) would be revived into
+    this harness's fake broker, which knows only the tools it registered.
+    """
+    url = redis_url_with_db(redis_url, HARNESS_DB)
+    redis.Redis.from_url(url).flushdb()
+    made = Harness(url, data, **settings)
     yield made
     made.close()
+    redis.Redis.from_url(url).flushdb()
 
 
 def _registry(world: World) -> ToolRegistry:

@@ -363,6 +363,28 @@ def test_redis_down_is_store_unavailable_for_every_call() -> None:
     assert all(a.retryable for a in answers)
 
 
+def test_redis_down_is_store_unavailable_for_every_call_of_the_sync_client_too() -> None:
+    """The sync client answers a Redis that is away as the asyncio one does: retryable."""
+    url = f"redis://127.0.0.1:{closed_port()}/0"
+    client = Client(url, url)
+    calls: list[Callable[[], Any]] = [
+        lambda: client.enqueue_run("patient", "Hi."),
+        lambda: client.get_run("r1"),
+        lambda: client.list_runs(),
+        lambda: client.approve("r1", "1:0", args_hash="0" * 64, by="ops@acme"),
+        lambda: client.deny("r1", "1:0", "no", args_hash="0" * 64, by="ops@acme"),
+        lambda: client.abort_run("r1"),
+    ]
+    answers: list[Any] = []
+    for call in calls:
+        try:
+            answers.append(call())
+        except Exception as exc:
+            answers.append(exc)
+    assert all(isinstance(a, StoreUnavailableError) for a in answers), answers
+    assert all(a.retryable for a in answers)
+
+
 def test_a_silent_broker_is_message_not_sent_with_the_run_id_and_the_retry_converges(
     hosted: str, silent_server: SilentServer
 ) -> None:
