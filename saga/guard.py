@@ -26,7 +26,7 @@ from saga.retry import RetryPolicy
 from saga.settings import Settings
 
 if TYPE_CHECKING:
-    from saga.engine import Saga
+    from saga.core import Core
 
 logger = logging.getLogger("saga.guard")
 
@@ -209,23 +209,23 @@ class ShapeScan:
 
 
 def stale_shapes(
-    saga: Saga, max_runs: int = SCAN_RUNS, max_messages: int = SCAN_MESSAGES
+    core: Core, max_runs: int = SCAN_RUNS, max_messages: int = SCAN_MESSAGES
 ) -> ShapeScan:
     """Undos on live runs' stacks and messages in the broker's queues that the deployed tools
     would refuse: a tool no longer registered, or arguments its signature no longer takes
     (``docs/deploying-changes.md``). Bounded by ``max_runs`` and ``max_messages``."""
     scan = ShapeScan()
-    _scan_stacks(saga, scan, max_runs)
-    _scan_queues(saga, scan, max_messages)
+    _scan_stacks(core, scan, max_runs)
+    _scan_queues(core, scan, max_messages)
     return scan
 
 
-def warn_stale_shapes(saga: Saga) -> None:
+def warn_stale_shapes(core: Core) -> None:
     """The worker's start-up: warn, never refuse. The deploy being started may be the fix, and
     a stale undo fails loudly at unwind (the run escalates, requeueable with corrected
     arguments); refusing to start would leave every other run without a worker."""
     try:
-        scan = stale_shapes(saga)
+        scan = stale_shapes(core)
     except Exception as exc:
         logger.warning("saga: could not look for stale stack entries and messages: %r", exc)
         return
@@ -237,18 +237,18 @@ def warn_stale_shapes(saga: Saga) -> None:
         logger.warning("saga: stale shapes not looked for in %s", part)
 
 
-def unknown_tools(saga: Saga) -> list[str]:
+def unknown_tools(core: Core) -> list[str]:
     """The tools callers published (``saga.tool_hosts``) that this app does not register."""
     from saga.tool_hosts import caller_tools
 
-    return sorted(caller_tools(saga.store.client) - {tool.name for tool in saga.registry})
+    return sorted(caller_tools(core.store.client) - {tool.name for tool in core.registry})
 
 
-def warn_unknown_tools(saga: Saga) -> None:
+def warn_unknown_tools(core: Core) -> None:
     """The worker's start-up: warn, never refuse. Callers' entries outlive their deploys (a
     tool removed on purpose stays listed), and a worker refused would take no tool at all."""
     try:
-        missing = unknown_tools(saga)
+        missing = unknown_tools(core)
     except Exception as exc:
         logger.warning("saga: could not compare the callers' tools with this worker's: %r", exc)
         return
@@ -261,13 +261,13 @@ def warn_unknown_tools(saga: Saga) -> None:
         )
 
 
-def shape_problem(saga: Saga, tool_name: str, args: dict[str, Any] | None) -> str:
+def shape_problem(core: Core, tool_name: str, args: dict[str, Any] | None) -> str:
     """Why the deployed registry refuses a call of ``tool_name`` with ``args`` ('' if it
     takes it; ``args`` None: only the name is checked)."""
     from saga.errors import InvalidArgumentsError, UnknownToolError
 
     try:
-        tool = saga.registry.get(tool_name)
+        tool = core.registry.get(tool_name)
         if args is not None:
             tool.validate(args)
     except UnknownToolError:
@@ -277,11 +277,11 @@ def shape_problem(saga: Saga, tool_name: str, args: dict[str, Any] | None) -> st
     return ""
 
 
-def _scan_stacks(saga: Saga, scan: ShapeScan, limit: int) -> None:
+def _scan_stacks(core: Core, scan: ShapeScan, limit: int) -> None:
     """The undos an unwind (running, unwinding) or a requeue (escalated, failed) may run."""
     from saga.constants import ACTIVE_RUNS_KEY
 
-    client = saga.store.client
+    client = core.store.client
     batch: list[str] = []
     for member, _ in client.zscan_iter(ACTIVE_RUNS_KEY, count=_BATCH):
         if scan.runs + len(batch) >= limit:
@@ -290,15 +290,15 @@ def _scan_stacks(saga: Saga, scan: ShapeScan, limit: int) -> None:
             break
         batch.append(str(member))
         if len(batch) == _BATCH:
-            _check_stacks(saga, scan, batch)
+            _check_stacks(core, scan, batch)
             batch = []
-    _check_stacks(saga, scan, batch)
+    _check_stacks(core, scan, batch)
 
 
-def _check_stacks(saga: Saga, scan: ShapeScan, run_ids: list[str]) -> None:
+def _check_stacks(core: Core, scan: ShapeScan, run_ids: list[str]) -> None:
     from saga.constants import run_keys
 
-    with saga.store.client.pipeline(transaction=False) as pipe:
+    with core.store.client.pipeline(transaction=False) as pipe:
         for run_id in run_ids:
             run_key, _, _, stack_key, comps_key = run_keys(run_id)
             pipe.hget(run_key, "state")
@@ -317,16 +317,16 @@ def _check_stacks(saga: Saga, scan: ShapeScan, run_ids: list[str]) -> None:
                 continue  # never runnable: escalated with the run already
             if state == "escalated" and comps.get(f"{step}:state") != "failed":
                 continue  # past the pivot, or done: no requeue runs it
-            problem = shape_problem(saga, str(entry.get("tool")), entry.get("args") or {})
+            problem = shape_problem(core, str(entry.get("tool")), entry.get("args") or {})
             if problem:
                 where = f"run {run_id} ({state}), the undo of step {step}"
                 scan.stale.append(StaleShape(where, problem))
 
 
-def _scan_queues(saga: Saga, scan: ShapeScan, limit: int) -> None:
-    """The tool and saga messages waiting in the broker, and those delivered to a worker but
+def _scan_queues(core: Core, scan: ShapeScan, limit: int) -> None:
+    """The tool and core messages waiting in the broker, and those delivered to a worker but
     not acknowledged yet (kombu's ``unacked`` hash): a worker of this deploy will run them."""
-    conf = saga.app.conf
+    conf = core.app.conf
     url = str(conf.broker_url or "")
     if not url.startswith(("redis://", "rediss://", "unix://")):
         scan.not_scanned.append(f"the queued messages ({url.partition(':')[0]} broker)")
@@ -334,13 +334,13 @@ def _scan_queues(saga: Saga, scan: ShapeScan, limit: int) -> None:
     options = conf.broker_transport_options or {}
     prefix = str(options.get("global_keyprefix", ""))
     sep = str(options.get("sep", _KOMBU_SEP))
-    with saga.app.connection_for_read() as connection:
+    with core.app.connection_for_read() as connection:
         # kombu's own client (TLS as configured); the keys are prefixed by hand below.
         client = redis.Redis(connection_pool=connection.default_channel.client.connection_pool)
         for queue in sorted(_queues(conf)):
             for priority in options.get("priority_steps", _KOMBU_PRIORITY_STEPS):
                 key = f"{queue}{sep}{priority}" if priority else queue
-                _scan_list(saga, scan, client, prefix + key, f"queue {key!r}", limit)
+                _scan_list(core, scan, client, prefix + key, f"queue {key!r}", limit)
         unacked = prefix + str(options.get("unacked_key", "unacked"))
         read = 0
         for _, raw in client.hscan_iter(unacked, count=_BATCH):
@@ -349,7 +349,7 @@ def _scan_queues(saga: Saga, scan: ShapeScan, limit: int) -> None:
                 scan.not_scanned.append(f"{left} unacknowledged message(s) past the first {limit}")
                 break
             read += 1
-            _check_message(saga, scan, raw, "delivered, not acknowledged")
+            _check_message(core, scan, raw, "delivered, not acknowledged")
         scan.messages += read
 
 
@@ -364,18 +364,18 @@ def _queues(conf: Any) -> set[str]:
 
 
 def _scan_list(
-    saga: Saga, scan: ShapeScan, client: redis.Redis, key: str, where: str, limit: int
+    core: Core, scan: ShapeScan, client: redis.Redis, key: str, where: str, limit: int
 ) -> None:
     length = int(client.llen(key))
     for start in range(0, min(length, limit), _BATCH):
         for raw in client.lrange(key, start, min(start + _BATCH, limit) - 1):
-            _check_message(saga, scan, raw, where)
+            _check_message(core, scan, raw, where)
     scan.messages += min(length, limit)
     if length > limit:
         scan.not_scanned.append(f"{length - limit} message(s) of {where} past the first {limit}")
 
 
-def _check_message(saga: Saga, scan: ShapeScan, raw: Any, where: str) -> None:
+def _check_message(core: Core, scan: ShapeScan, raw: Any, where: str) -> None:
     from saga.constants import TOOL_TASK_PREFIX
 
     try:
@@ -385,10 +385,10 @@ def _check_message(saga: Saga, scan: ShapeScan, raw: Any, where: str) -> None:
     if name.startswith(TOOL_TASK_PREFIX):
         compensates = kwargs.get("compensates")
         args = None if compensates is not None else kwargs.get("args") or {}
-        problem = shape_problem(saga, name[len(TOOL_TASK_PREFIX) :], args)
+        problem = shape_problem(core, name[len(TOOL_TASK_PREFIX) :], args)
         what = f"undo of step {compensates}" if compensates is not None else "step"
         what = f"{what} {kwargs.get('step', '')}".strip()
-    elif name.startswith("saga.") and name not in saga.app.tasks:
+    elif name.startswith("saga.") and name not in core.app.tasks:
         problem, what = f"task {name!r} is not registered in this deploy", "task"
     else:
         return

@@ -20,11 +20,13 @@ class SagaHooks:
 
 
 class RunListener:
-    """What the engine tells the code that drives runs on the workers (the hosted agent loop):
-    a typed base with no-op methods, registered on ``Saga.listeners``.
+    """What the run transitions (``saga.core``) tell the parts that act on them (the hosted
+    agent loop, the notifier): a typed base with no-op methods, registered on
+    ``Saga.listeners``, so the core announces without knowing who listens.
 
-    Called from inside Celery tasks; a listener must never block on another task, and what it
-    raises is logged and dropped (each call is repeated by a redelivery or by the reaper).
+    Called from inside Celery tasks; a listener must never block on another task. What
+    ``step_settled`` and ``run_idle`` raise is logged and dropped (each call is repeated by a
+    redelivery or by the reaper); what ``run_escalated`` raises is not (see there).
     """
 
     def step_settled(self, run_id: str, step: int, turn_done: int | None = None) -> None:
@@ -36,3 +38,8 @@ class RunListener:
         """The reaper found the run running, nothing in flight, idle past its deadline.
         Return True if the listener set it moving again (else the run is aborted)."""
         return False
+
+    def run_escalated(self, escalation: EscalationRecord) -> None:
+        """A person must take over: the escalation's row is written, the run not yet marked
+        recorded. What this raises leaves the run unrecorded, so it is recorded (and this
+        called) again: a notice is written at least once."""

@@ -38,7 +38,7 @@ from saga.records.rows import action_rows, escalation_id, generation_of
 from saga.validation import check_name, check_text
 
 if TYPE_CHECKING:
-    from saga.engine import Saga
+    from saga.core import Core
 
 logger = logging.getLogger("saga.operations")
 
@@ -49,32 +49,32 @@ _EXPIRY_MARGIN = 60.0
 _CORRECTABLE = (CompensationState.FAILED, CompensationState.PENDING)
 
 
-def requeue(saga: Saga, run_id: str, corrections: Mapping[int, Mapping[str, Any]], by: str) -> int:
+def requeue(core: Core, run_id: str, corrections: Mapping[int, Mapping[str, Any]], by: str) -> int:
     """``Saga.requeue_failed_compensations``: how many compensations were sent again."""
     _check_shape(corrections, by)
-    picture = _readable(saga, run_id)
+    picture = _readable(core, run_id)
     for _ in range(_ATTEMPTS):
-        entries, changes = _corrected(saga, picture, corrections)
+        entries, changes = _corrected(core, picture, corrections)
         action = json.dumps({"by": by, "corrections": changes}, ensure_ascii=False)
         # Under the reaper's eye first: a chain that is never sent is resumed, not forgotten.
-        saga.store.schedule(run_id, saga.store.now() + picture.deadline)
+        core.store.schedule(run_id, core.store.now() + picture.deadline)
         version = picture.version if entries else ""
-        outcome = saga.store.requeue(run_id, entries, version, action)
+        outcome = core.store.requeue(run_id, entries, version, action)
         if outcome.status == "moved":
-            picture = saga.picture(run_id)
+            picture = core.picture(run_id)
         elif outcome.status == "unknown":  # expired since it was read: rebuild it
-            picture = _readable(saga, run_id)
+            picture = _readable(core, run_id)
         else:
             break
     else:
         raise OperationRefusedError(f"run {run_id} kept changing; requeue it again", retryable=True)
     if outcome.status == "refused":
-        repeated = _repeated(saga, run_id, by, changes)
+        repeated = _repeated(core, run_id, by, changes)
         if repeated is not None:
             owner, count = repeated
-            now = saga.picture(run_id).extra
+            now = core.picture(run_id).extra
             if now.get("owner") == owner and now.get("sent") == "0":
-                _send_unwind(saga, run_id, owner)  # refused before, still unsent
+                _send_unwind(core, run_id, owner)  # refused before, still unsent
             logger.warning("run %s: %s asked again; applied already", run_id, owner)
             return count
     if outcome.status == "resolved":
@@ -87,21 +87,21 @@ def requeue(saga: Saga, run_id: str, corrections: Mapping[int, Mapping[str, Any]
             f"run {run_id} is {outcome.values[0]} and has no failed compensation to requeue"
         )
     owner, count = str(outcome.values[0]), int(outcome.values[1])
-    _record_now(saga, run_id, owner)
-    _send_unwind(saga, run_id, owner)
+    _record_now(core, run_id, owner)
+    _send_unwind(core, run_id, owner)
     logger.warning("run %s: requeued %d compensation(s) by %r", run_id, count, by)
     return count
 
 
 def _repeated(
-    saga: Saga, run_id: str, by: str, changes: Mapping[str, Any]
+    core: Core, run_id: str, by: str, changes: Mapping[str, Any]
 ) -> tuple[str, int] | None:
     """The requeue (owner, count) this one repeats: the run unwinds under a requeue whose
     unwind the broker refused, made by the same person with the same corrected arguments.
     That requeue again converges on it (its unwind sent), never a 409; two requeues at once,
     where nothing was refused, stay one requeue and one refusal."""
-    picture = saga.picture(run_id)
-    owner = saga.store.refused(run_id)
+    picture = core.picture(run_id)
+    owner = core.store.refused(run_id)
     if picture.state is not RunState.UNWINDING or not owner.startswith("requeue:"):
         return None
     generation = int(owner.rpartition(":")[2])
@@ -114,39 +114,39 @@ def _repeated(
     return None
 
 
-def _send_unwind(saga: Saga, run_id: str, owner: str) -> None:
-    if not saga.start_unwind(run_id, owner):
-        saga.store.mark_refused(run_id, owner)
+def _send_unwind(core: Core, run_id: str, owner: str) -> None:
+    if not core.start_unwind(run_id, owner):
+        core.store.mark_refused(run_id, owner)
         raise MessageNotSentError(run_id, "requeued", "unwind", "the same requeue again")
 
 
-def resolve(saga: Saga, escalation: str, *, note: str, by: str) -> EscalationRecord:
+def resolve(core: Core, escalation: str, *, note: str, by: str) -> EscalationRecord:
     """``Saga.resolve_escalation``: the escalation as recorded once resolved."""
     check_text("note", note)
     check_name("by", by, required=False)
     if not note.strip() or not by.strip():
         raise OperationRefusedError("a resolve needs a note saying what was done, and by whom")
-    row = saga.records.escalation(escalation)
+    row = core.records.escalation(escalation)
     if row is None:
         raise UnknownEscalationError(f"no escalation {escalation}")
     if row.resolved:
         raise EscalationResolvedError(f"escalation {escalation} is closed already: {_closed(row)}")
     generation = generation_of(escalation)
-    picture = None if generation is None else _rebuilt_if_expired(saga, row.run_id)
+    picture = None if generation is None else _rebuilt_if_expired(core, row.run_id)
     if generation is None or picture is None:
         # The reaper's escalation, or a run recorded before it could be rebuilt: neither can
         # be requeued through the scripts, so closing the row alone is enough.
-        if not saga.records.resolve_escalation(escalation, note, by):
+        if not core.records.resolve_escalation(escalation, note, by):
             raise EscalationResolvedError(f"escalation {escalation} was closed meanwhile")
-        return _reread(saga, escalation)
+        return _reread(core, escalation)
     # Under the reaper's eye first: if this process dies after the script, the record follows.
-    saga.store.schedule(row.run_id, saga.store.now() + picture.deadline)
+    core.store.schedule(row.run_id, core.store.now() + picture.deadline)
     resolution = json.dumps(
         {"by": by, "note": note, "escalation_id": escalation}, ensure_ascii=False
     )
-    outcome = saga.store.resolve(row.run_id, generation, resolution)
-    if outcome.status == "unknown" and _rebuilt_if_expired(saga, row.run_id) is not None:
-        outcome = saga.store.resolve(row.run_id, generation, resolution)  # expired meanwhile
+    outcome = core.store.resolve(row.run_id, generation, resolution)
+    if outcome.status == "unknown" and _rebuilt_if_expired(core, row.run_id) is not None:
+        outcome = core.store.resolve(row.run_id, generation, resolution)  # expired meanwhile
     if outcome.status == "resolved" and payload.loads(outcome.values[0]) != json.loads(resolution):
         raise EscalationResolvedError(f"escalation {escalation} was resolved: {_said(outcome)}")
     if outcome.status == "state" and outcome.values[0] == RunState.UNWINDING.value:
@@ -159,17 +159,17 @@ def resolve(saga: Saga, escalation: str, *, note: str, by: str) -> EscalationRec
             f"escalation {escalation} is no longer the run's open one ({outcome.status} "
             f"{' '.join(str(v) for v in outcome.values)})"
         )
-    _record(saga, row.run_id)
-    return _reread(saga, escalation)
+    _record(core, row.run_id)
+    return _reread(core, escalation)
 
 
 # -- reading, rebuilding -------------------------------------------------------------------
 
 
-def _readable(saga: Saga, run_id: str) -> RunPicture:
+def _readable(core: Core, run_id: str) -> RunPicture:
     """The run from its keys, rebuilt from its record if they have expired."""
-    picture = _rebuilt_if_expired(saga, run_id, requeue=True)
-    if picture is None and saga.records.run(run_id) is None:
+    picture = _rebuilt_if_expired(core, run_id, requeue=True)
+    if picture is None and core.records.run(run_id) is None:
         raise UnknownRunError(f"no run {run_id}, in Redis or in the records")
     if picture is None:
         raise OperationRefusedError(
@@ -179,14 +179,14 @@ def _readable(saga: Saga, run_id: str) -> RunPicture:
     return picture
 
 
-def _rebuilt_if_expired(saga: Saga, run_id: str, *, requeue: bool = False) -> RunPicture | None:
+def _rebuilt_if_expired(core: Core, run_id: str, *, requeue: bool = False) -> RunPicture | None:
     """The run's picture from Redis; once its keys have expired, rebuilt from its SQL record
     (None if there is no record that can rebuild it). For a requeue, a run the record shows
     resolved, or not escalated, is refused before anything is written."""
-    live = saga.store.picture(run_id)
+    live = core.store.picture(run_id)
     if live is not None:
         return live
-    recorded = saga.records.picture(run_id)
+    recorded = core.records.picture(run_id)
     if recorded is None:
         return None
     if requeue:
@@ -194,15 +194,15 @@ def _rebuilt_if_expired(saga: Saga, run_id: str, *, requeue: bool = False) -> Ru
             raise NothingToRequeueError(
                 f"run {run_id} is {recorded.state.value} and has no failed compensation to requeue"
             )
-        current = saga.records.escalation(escalation_id(run_id, recorded.generation))
+        current = core.records.escalation(escalation_id(run_id, recorded.generation))
         if current is not None and current.resolved:
             raise EscalationResolvedError(
                 f"escalation {current.escalation_id} is closed: {_closed(current)}"
             )
-    if saga.store.restore(recorded):
+    if core.store.restore(recorded):
         logger.warning("run %s: keys rebuilt from its record", run_id)
     # Rebuilt by this call or by another at the same moment: the keys are the truth now.
-    return saga.picture(run_id)
+    return core.picture(run_id)
 
 
 # -- corrections ---------------------------------------------------------------------------
@@ -222,7 +222,7 @@ def _check_shape(corrections: Mapping[int, Mapping[str, Any]], by: str) -> None:
 
 
 def _corrected(
-    saga: Saga, picture: RunPicture, corrections: Mapping[int, Mapping[str, Any]]
+    core: Core, picture: RunPicture, corrections: Mapping[int, Mapping[str, Any]]
 ) -> tuple[dict[int, str], dict[str, Any]]:
     """Each corrected undo entry (JSON, as the script stores it) and what changed, every
     correction checked against its compensation tool before anything is sent."""
@@ -244,10 +244,10 @@ def _corrected(
                 "arguments cannot fix that; undo it by hand and resolve the escalation"
             )
         try:
-            checked = saga.registry.get(entry["tool"]).validate({**entry["args"], **fix})
+            checked = core.registry.get(entry["tool"]).validate({**entry["args"], **fix})
             corrected = {**entry, "args": checked}
             entries[step] = payload.dumps(
-                corrected, what=f"undo of step {step}", limit=saga.settings.max_payload_bytes
+                corrected, what=f"undo of step {step}", limit=core.settings.max_payload_bytes
             )
         except (UnknownToolError, InvalidArgumentsError, PayloadError) as exc:
             raise InvalidCorrectionError(f"correction of step {step} refused: {exc}") from None
@@ -258,36 +258,36 @@ def _corrected(
 # -- recording -----------------------------------------------------------------------------
 
 
-def _record_now(saga: Saga, run_id: str, owner: str) -> None:
+def _record_now(core: Core, run_id: str, owner: str) -> None:
     """The requeue (``owner``) is in the run's keys already, as its script wrote it: SQL has it
     now, or with the run's record."""
     acted_on = escalation_id(run_id, int(owner.rpartition(":")[2]) - 1)
     try:
         [action] = [
             a
-            for a in action_rows(saga.picture(run_id))
+            for a in action_rows(core.picture(run_id))
             if a.kind == "requeue" and a.escalation_id == acted_on
         ]
-        saga.records.record_action(action)
+        core.records.record_action(action)
     except Exception as exc:  # best effort: the unwind must still be sent
         logger.error("run %s: %s not recorded yet (%s); it comes with the run", run_id, owner, exc)
 
 
-def _record(saga: Saga, run_id: str) -> None:
+def _record(core: Core, run_id: str) -> None:
     """Write the run's record as its keys now stand (a resolve changed its escalation), then
     let them expire; if the database is away, the reaper writes it (the run is scheduled)."""
-    picture = saga.picture(run_id)
+    picture = core.picture(run_id)
     try:
-        saga.records.record_outcome(picture)
+        core.records.record_outcome(picture)
     except StaleRecordError:  # the run moved on since it was read: its newer record stands
         return
-    if saga.store.mark_recorded(run_id, picture.version):
-        expiry = saga.store.now() + saga.store.retention_seconds + _EXPIRY_MARGIN
-        saga.store.schedule(run_id, expiry)
+    if core.store.mark_recorded(run_id, picture.version):
+        expiry = core.store.now() + core.store.retention_seconds + _EXPIRY_MARGIN
+        core.store.schedule(run_id, expiry)
 
 
-def _reread(saga: Saga, escalation: str) -> EscalationRecord:
-    row = saga.records.escalation(escalation)
+def _reread(core: Core, escalation: str) -> EscalationRecord:
+    row = core.records.escalation(escalation)
     assert row is not None, "an escalation row is never deleted"
     return row
 

@@ -30,7 +30,8 @@ from saga.model import RunState, StepState, ToolClass
 from saga.picture import RunPicture
 
 if TYPE_CHECKING:
-    from saga.engine import Saga
+    from saga.core import Core
+    from saga.notifications.notifier import Notifier
     from saga.tools import Tool
 
 logger = logging.getLogger("saga.reaper")
@@ -59,19 +60,19 @@ class ReapReport:
     broken: list[tuple[str, str]] = field(default_factory=list)
 
 
-def mark_in_doubt(saga: Saga, run_id: str, step: int, error: dict[str, Any]) -> str:
+def mark_in_doubt(core: Core, run_id: str, step: int, error: dict[str, Any]) -> str:
     """Mark a step in doubt and reconcile it at once; returns the lookup's verdict. Only for
     a caller that knows no delivery is running the step (the crash-looping delivery itself)."""
-    saga.store.mark_in_doubt(run_id, step, error)
-    return reconcile(saga, run_id, step)
+    core.store.mark_in_doubt(run_id, step, error)
+    return reconcile(core, run_id, step)
 
 
-def reconcile(saga: Saga, run_id: str, step: int) -> str:
+def reconcile(core: Core, run_id: str, step: int) -> str:
     """Settle an in-doubt step by what its lookup finds: ``happened`` (its undo is pushed),
     ``not_happened`` (nothing to undo) or ``unknown`` (no lookup, or it failed: a person must
     look). Never raises for the tool's sake: a lookup that fails, a result that cannot be
     recorded or a tool gone from this deploy all end in a recorded, escalated verdict."""
-    picture = saga.picture(run_id)
+    picture = core.picture(run_id)
     record = picture.step(step)
     if record.state is not StepState.IN_DOUBT:
         # Settled already: by this caller's own first try, whose reply was lost, maybe. If that
@@ -79,12 +80,12 @@ def reconcile(saga: Saga, run_id: str, step: int) -> str:
         owner = f"step:{step}"
         unsent = picture.extra.get("owner") == owner and picture.extra.get("sent") == "0"
         if picture.state is RunState.UNWINDING and unsent:
-            saga.start_unwind(run_id, owner)
+            core.start_unwind(run_id, owner)
         return "settled"
     verdict, result, why = "unknown", None, "nothing could tell whether it happened"
     tool: Tool | None = None
     try:
-        tool = saga.registry.get(record.tool)
+        tool = core.registry.get(record.tool)
     except UnknownToolError:
         why = f"tool {record.tool!r} is not registered in this deploy, so nothing can look"
     if tool is not None and tool.tool_class is ToolClass.READ:
@@ -98,7 +99,7 @@ def reconcile(saga: Saga, run_id: str, step: int) -> str:
             why = f"its lookup failed: {type(exc).__name__}: {exc}"
     result_json = entry_json = ""
     if verdict == "happened" and tool is not None:
-        result_json, entry_json, _ = saga.encode_effect(tool, run_id, step, record.args, result)
+        result_json, entry_json, _ = core.encode_effect(tool, run_id, step, record.args, result)
     irreversible = record.tool_class is ToolClass.IRREVERSIBLE_WRITE
     doubt = ""
     if irreversible:
@@ -106,64 +107,65 @@ def reconcile(saga: Saga, run_id: str, step: int) -> str:
     elif verdict == "unknown":
         doubt = f"step {step} ({record.tool}) in doubt: {why}"
     word = {"happened": "found", "not_happened": "not_found", "unknown": "unknown"}[verdict]
-    outcome = saga.store.resolve_in_doubt(
+    outcome = core.store.resolve_in_doubt(
         run_id, step, word, result_json, entry_json, irreversible, doubt
     )
     logger.warning("run %s: step %d (%s) was in doubt: %s", run_id, step, record.tool, verdict)
     metrics.step(record.tool, "in_doubt")
     if outcome.owns_unwind:
-        saga.start_unwind(run_id, f"step:{step}")
-    saga.step_settled(run_id, step)
+        core.start_unwind(run_id, f"step:{step}")
+    core.step_settled(run_id, step)
     return verdict
 
 
-def reap(saga: Saga, now: float | None = None) -> ReapReport:
-    """One pass over the runs that are due; ``now`` (Redis clock) lets a test look ahead."""
+def reap(core: Core, notifier: Notifier, now: float | None = None) -> ReapReport:
+    """One pass over the runs that are due, then the ``notifier``'s sweep of the escalation
+    notices; ``now`` (Redis clock) lets a test look ahead."""
     report = ReapReport()
-    now = saga.store.now(exact=True) if now is None else now
-    for run_id, due in saga.store.due_runs(now):
+    now = core.store.now(exact=True) if now is None else now
+    for run_id, due in core.store.due_runs(now):
         report.examined += 1
         try:
-            _reap_one(saga, run_id, due, now, report)
+            _reap_one(core, run_id, due, now, report)
         except Exception as exc:
-            _broken(saga, run_id, exc, now, report)
+            _broken(core, notifier, run_id, exc, now, report)
     try:
-        report.notices = saga.notifier.sweep(now)
+        report.notices = notifier.sweep(now)
     except Exception:  # the records database is away: the next pass sweeps
         logger.exception("reaper: could not sweep the escalation notices")
     return report
 
 
-def _reap_one(saga: Saga, run_id: str, due: float, now: float, report: ReapReport) -> None:
-    head = saga.store.head(run_id)
+def _reap_one(core: Core, run_id: str, due: float, now: float, report: ReapReport) -> None:
+    head = core.store.head(run_id)
     if head is None:
         if now - due >= _KEYLESS_GRACE:
-            saga.store.forget(run_id)  # expired (or never created): nothing left to watch
+            core.store.forget(run_id)  # expired (or never created): nothing left to watch
             report.forgotten += 1
         else:
-            saga.store.schedule(run_id, due + _KEYLESS_GRACE)
+            core.store.schedule(run_id, due + _KEYLESS_GRACE)
         return
     if head.state.ended:
         if not head.recorded:
-            saga.record_end(run_id)  # raises while the database is away: tried again later
+            core.record_end(run_id)  # raises while the database is away: tried again later
             report.recorded.append(run_id)
         else:
-            saga.store.schedule(run_id, (head.ended or now) + saga.store.retention_seconds + 60)
+            core.store.schedule(run_id, (head.ended or now) + core.store.retention_seconds + 60)
         return
     if now - head.updated < head.deadline:
         next_look = head.updated + head.deadline
         if head.state is RunState.UNWINDING:  # a step in doubt may wait for its lease only
-            waiting = _reconcile_doubts(saga, saga.picture(run_id), report)
+            waiting = _reconcile_doubts(core, core.picture(run_id), report)
             next_look = min([next_look, *waiting])
-        saga.store.schedule(run_id, next_look)
+        core.store.schedule(run_id, next_look)
         return
-    picture = saga.picture(run_id)
-    _resolve(saga, picture, now, report)
+    picture = core.picture(run_id)
+    _resolve(core, picture, now, report)
     # Look again a deadline from now, unless progress moves it on (it is re-read then).
-    saga.store.schedule(run_id, now + max(picture.deadline, 1.0))
+    core.store.schedule(run_id, now + max(picture.deadline, 1.0))
 
 
-def _reconcile_doubts(saga: Saga, picture: RunPicture, report: ReapReport) -> list[float]:
+def _reconcile_doubts(core: Core, picture: RunPicture, report: ReapReport) -> list[float]:
     """Reconcile the steps in doubt whose delivery's lease has run out (the run need not be
     idle: nobody else will settle them); return when the others' leases end."""
     waiting = []
@@ -171,9 +173,9 @@ def _reconcile_doubts(saga: Saga, picture: RunPicture, report: ReapReport) -> li
         if record.state is not StepState.IN_DOUBT or record.step not in picture.in_flight:
             continue
         error = {"type": "NoOutcome", "message": "in doubt"}
-        marked = saga.store.mark_in_doubt(picture.run_id, record.step, error, respect_lease=True)
+        marked = core.store.mark_in_doubt(picture.run_id, record.step, error, respect_lease=True)
         if marked.status == "in_doubt" and str(marked.values[0]) == "0":
-            verdict = reconcile(saga, picture.run_id, record.step)
+            verdict = reconcile(core, picture.run_id, record.step)
             report.in_doubt.append((picture.run_id, record.step, verdict))
         elif record.lease is not None:
             waiting.append(record.lease)
@@ -190,7 +192,9 @@ _AWAY = (
 )
 
 
-def _broken(saga: Saga, run_id: str, exc: Exception, now: float, report: ReapReport) -> None:
+def _broken(
+    core: Core, notifier: Notifier, run_id: str, exc: Exception, now: float, report: ReapReport
+) -> None:
     """A run the reaper cannot handle must not stop it for the others, nor be retried every
     pass, nor stay silent: log it, escalate it to a person, look again later."""
     message = f"{type(exc).__name__}: {exc}"
@@ -201,31 +205,31 @@ def _broken(saga: Saga, run_id: str, exc: Exception, now: float, report: ReapRep
         # not "away": retrying alone would never end, so it is escalated below.)
         logger.error("reaper: run %s waits for %s", run_id, message)
         with contextlib.suppress(StoreUnavailableError):
-            saga.store.schedule(run_id, now + _RETRY_BROKEN)
+            core.store.schedule(run_id, now + _RETRY_BROKEN)
         return
     logger.exception("reaper could not handle run %s; escalating it", run_id)
     try:
-        saga.store.schedule(run_id, now + _RETRY_BROKEN)
-        saga.records.record_unreadable(run_id, message)
-        for escalation in saga.records.escalations(run_id, open_only=True):
+        core.store.schedule(run_id, now + _RETRY_BROKEN)
+        core.records.record_unreadable(run_id, message)
+        for escalation in core.records.escalations(run_id, open_only=True):
             if escalation.escalation_id == f"{run_id}:reaper":  # record_unreadable's row
-                saga.notifier.escalated(escalation)
+                notifier.escalated(escalation)
     except Exception:
         logger.exception("run %s: could not escalate the reaper's failure either", run_id)
 
 
-def _resolve(saga: Saga, picture: RunPicture, now: float, report: ReapReport) -> None:
+def _resolve(core: Core, picture: RunPicture, now: float, report: ReapReport) -> None:
     run_id, idle = picture.run_id, int(now - picture.updated)
     if picture.in_flight:
         for step in picture.in_flight:
-            _resolve_step(saga, picture, step, idle, report)
+            _resolve_step(core, picture, step, idle, report)
         return
     if picture.state is RunState.RUNNING:
-        if saga.revive_idle(run_id):  # a hosted loop whose next turn was lost: sent again
+        if core.revive_idle(run_id):  # a hosted loop whose next turn was lost: sent again
             report.resumed.append(run_id)
             return
         try:
-            if saga.abort(run_id, f"abandoned: no progress for {idle}s", version=picture.version):
+            if core.abort(run_id, f"abandoned: no progress for {idle}s", version=picture.version):
                 report.abandoned.append(run_id)
         except RunEndedError:
             pass
@@ -233,31 +237,31 @@ def _resolve(saga: Saga, picture: RunPicture, now: float, report: ReapReport) ->
         # The owner died before sending the chain, or the chain was lost: send it again. A
         # compensation still running under its lease is progress: the script refuses then.
         owner = f"reaper:{uuid.uuid4().hex[:8]}"
-        if saga.store.take_over(run_id, picture.version, owner):
-            saga.start_unwind(run_id, owner)
+        if core.store.take_over(run_id, picture.version, owner):
+            core.start_unwind(run_id, owner)
             report.resumed.append(run_id)
 
 
 def _resolve_step(
-    saga: Saga, picture: RunPicture, step: int, idle: int, report: ReapReport
+    core: Core, picture: RunPicture, step: int, idle: int, report: ReapReport
 ) -> None:
     run_id, state = picture.run_id, picture.step(step).state
     if state is StepState.DISPATCHED:
         # Never started, by this picture. The script refuses the verdict if a delivery has
         # begun it since (the picture is a moment old): then it is running, not lost.
         error = {"type": "NeverStarted", "message": f"not picked up in {idle}s"}
-        outcome = saga.store.record_failure(run_id, step, error, event="never_started")
+        outcome = core.store.record_failure(run_id, step, error, event="never_started")
         if outcome.status == "ok":
             report.never_started.append((run_id, step))
         if outcome.owns_unwind:
-            saga.start_unwind(run_id, f"step:{step}")
+            core.start_unwind(run_id, f"step:{step}")
         # The script checked the step's hosted turn when it settled it: a turn it completed
         # is this caller's to move on (``turn_done``).
         turn_done = int(outcome.values[1]) if outcome.status == "ok" else None
-        saga.step_settled(run_id, step, turn_done)
+        core.step_settled(run_id, step, turn_done)
         return
     if state in (StepState.RUNNING, StepState.IN_DOUBT):
         error = {"type": "NoOutcome", "message": f"no outcome after {idle}s"}
-        marked = saga.store.mark_in_doubt(run_id, step, error, respect_lease=True)
+        marked = core.store.mark_in_doubt(run_id, step, error, respect_lease=True)
         if marked.status == "in_doubt" and str(marked.values[0]) == "0":
-            report.in_doubt.append((run_id, step, reconcile(saga, run_id, step)))
+            report.in_doubt.append((run_id, step, reconcile(core, run_id, step)))

@@ -1,7 +1,7 @@
 """What the agent holds: a ``Run`` to call tools on, and a ``StepHandle`` per call.
 
 Waiting reads the saga's own record of the step in Redis, not Celery's result backend: the
-record is what the saga acts on, so it is also what the agent should see.
+record is what the core acts on, so it is also what the agent should see.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from saga.rules import check_on_failure, failure_mode
 from saga.validation import check_text
 
 if TYPE_CHECKING:
-    from saga.engine import Saga
+    from saga.core import Core
 
 
 class StepHandle:
     """One dispatched call. ``result()`` waits for it to settle."""
 
-    def __init__(self, saga: Saga, run_id: str, step: int, tool: str) -> None:
-        self.saga = saga
+    def __init__(self, core: Core, run_id: str, step: int, tool: str) -> None:
+        self.core = core
         self.run_id = run_id
         self.step = step
         self.tool = tool
@@ -52,7 +52,7 @@ class StepHandle:
         return f"{self.run_id}:{self.step}"
 
     def state(self) -> StepState:
-        raw = self.saga.store.step_outcome(self.run_id, self.step)[0]
+        raw = self.core.store.step_outcome(self.run_id, self.step)[0]
         if raw is None:
             raise UnknownRunError(f"no step {self.step} in run {self.run_id}")
         return StepState(raw)
@@ -63,9 +63,9 @@ class StepHandle:
         model), ``ToolResultError`` when the effect happened but its result could not be
         recorded, ``CompensationNotBuiltError`` when it happened with no undo (the run
         escalates). ``run_goes_on`` says, for each, whether the run takes more calls."""
-        deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
+        deadline = time.monotonic() + (timeout or self.core.settings.wait_timeout)
         while True:
-            store = self.saga.store
+            store = self.core.store
             if self._settled:
                 state, result, error = store.step_outcome(self.run_id, self.step)
             else:
@@ -91,7 +91,7 @@ class StepHandle:
             if state is None:
                 raise UnknownRunError(f"no step {self.step} in run {self.run_id}")
             if state == StepState.IN_DOUBT:
-                if self.saga.store.in_flight(self.run_id, self.step):
+                if self.core.store.in_flight(self.run_id, self.step):
                     self._settled = False  # being reconciled: the verdict wakes us
                 else:
                     message = f"step {self.step} ({self.tool}) is in doubt: {error}"
@@ -125,15 +125,15 @@ class Run:
 
     def __init__(
         self,
-        saga: Saga,
+        core: Core,
         run_id: str,
         on_failure: Mapping[str, OnFailure | str] | None = None,
     ) -> None:
-        self.saga = saga
+        self.core = core
         self.run_id = run_id
         self.on_failure: dict[str, OnFailure] = {}
         if on_failure is not None:  # checked against the tools a run may call (no compensation)
-            offered = (t for t in saga.registry if t.offered and t.tool_class is not None)
+            offered = (t for t in core.registry if t.offered and t.tool_class is not None)
             self.on_failure = check_on_failure(
                 f"run {run_id}", on_failure, offered, error=InvalidRunOptionError
             )
@@ -147,26 +147,27 @@ class Run:
 
         Whether its final failure is fed back or unwinds the run is decided here, when the
         step is reserved (``on_failure``), so the worker that fails it knows."""
-        feed_back = failure_mode(self.saga.registry.offered(tool), self.on_failure)
-        return self.saga.dispatch(
+        feed_back = failure_mode(self.core.registry.offered(tool), self.on_failure)
+        step = self.core.dispatch(
             self.run_id, tool, args, feed_back_failure=feed_back is OnFailure.FEED_BACK
         )
+        return StepHandle(self.core, self.run_id, step, tool)
 
     def state(self) -> RunState:
         return self.picture().state
 
     def picture(self) -> RunPicture:
-        return self.saga.picture(self.run_id)
+        return self.core.picture(self.run_id)
 
     def finish(self, timeout: float | None = None) -> RunPicture:
         """Complete the run once every step has settled (waiting up to ``timeout``)."""
         from saga.errors import StepsInFlightError
 
-        store = self.saga.store
-        deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
+        store = self.core.store
+        deadline = time.monotonic() + (timeout or self.core.settings.wait_timeout)
         while True:
             try:
-                return self.saga.complete(self.run_id)
+                return self.core.complete(self.run_id)
             except StepsInFlightError as exc:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -178,14 +179,14 @@ class Run:
 
     def abort(self, reason: str) -> None:
         """Unwind on the agent's request (or escalate, if the run is past its pivot)."""
-        self.saga.abort(self.run_id, check_text("reason", reason, max_length=2000))
+        self.core.abort(self.run_id, check_text("reason", reason, max_length=2000))
 
     def wait(self, timeout: float | None = None) -> RunPicture:
         """Wait until the run has ended (completed, compensated or escalated) and its SQL
         records are written. If only the records are late (their database is away) when the
         time is up, the ended picture is returned: the end itself is final."""
-        deadline = time.monotonic() + (timeout or self.saga.settings.wait_timeout)
-        store = self.saga.store
+        deadline = time.monotonic() + (timeout or self.core.settings.wait_timeout)
+        store = self.core.store
         while True:
             # The run's head says whether it is over (one read); the whole run is read once.
             head = store.head(self.run_id)
@@ -201,4 +202,4 @@ class Run:
                 raise WaitTimeoutError(f"run {self.run_id} still {head.state.value}")
             # Woken when its record is written (mark_recorded); at least once a second, look
             # again (another waiter may have taken the signal).
-            self.saga.store.wait_signal([ended_key(self.run_id)], min(remaining, 1.0))
+            self.core.store.wait_signal([ended_key(self.run_id)], min(remaining, 1.0))

@@ -29,6 +29,7 @@ from celery.signals import (
 )
 
 from saga import extras, metrics, payload
+from saga.agents.hosted import install_turn_tasks, publish_hosted_agents
 from saga.constants import (
     CONCLUDE_UNWIND_TASK,
     NOTIFY_TASK,
@@ -45,6 +46,7 @@ from saga.errors import (
     StoreUnavailableError,
     ToolRejected,
 )
+from saga.fault_points import FAULTS_ENV, faults_enabled
 from saga.guard import (
     configuration_problems,
     records_schema_problems,
@@ -57,11 +59,13 @@ from saga.reaper import mark_in_doubt, reconcile
 from saga.retry import RetryPolicy
 from saga.stack import REVOKE_KILLED
 from saga.telemetry import traced_tool
-from saga.testing import FAULTS_ENV, faults_enabled
 from saga.tool_hosts import publish_worker_app, publish_worker_tools
 
 if TYPE_CHECKING:
-    from saga.engine import Saga
+    from saga.agents.agent import AgentRegistry
+    from saga.core import Core
+    from saga.notifications.notifier import Notifier
+    from saga.reaper import ReapReport
     from saga.tools import Tool
 
 logger = logging.getLogger("saga.worker")
@@ -78,32 +82,38 @@ _TASK_OPTIONS: dict[str, Any] = {
 }
 
 
-def install(app: Celery, saga: Saga) -> None:
-    """Register every tool of ``saga.registry``, the conclude and reap tasks, the start-up
-    guard and the revoke handler on ``app``."""
-    from saga.agents.hosted import install_turn_tasks, publish_hosted_agents
-
-    for tool in saga.registry:
-        install_tool(app, saga, tool)
-    install_turn_tasks(app, saga)
+def install(
+    app: Celery,
+    core: Core,
+    *,
+    agents: AgentRegistry,
+    notifier: Notifier,
+    reap: Callable[[], ReapReport],
+) -> None:
+    """Register every tool of ``core.registry``, the hosted loop's and the notices' tasks, the
+    conclude and reap tasks (``reap``: the facade's pass), the start-up guard and the revoke
+    handler on ``app``."""
+    for tool in core.registry:
+        install_tool(app, core, tool)
+    install_turn_tasks(app, core, agents)
     worker_ready.connect(
-        lambda sender=None, **_: publish_hosted_agents(saga),
+        lambda sender=None, **_: publish_hosted_agents(core, agents),
         weak=False,
         dispatch_uid=f"saga-agents-{id(app)}",
     )
     worker_ready.connect(
-        lambda sender=None, **_: publish_worker_tools_of(saga),
+        lambda sender=None, **_: publish_worker_tools_of(core),
         weak=False,
         dispatch_uid=f"saga-tools-{id(app)}",
     )
-    notify_task.install_notify_task(app, saga)
-    _install_metrics(app, saga)
+    notify_task.install_notify_task(app, notifier)
+    _install_metrics(app, core)
 
     @app.task(name=REAP_TASK, bind=True, ignore_result=True, shared=False)
-    def reap(self: Task) -> dict[str, int]:
-        report = saga.reap()
+    def reap_task(self: Task) -> dict[str, int]:
+        report = reap()
         # Only the scheduled task marks a pass (not ``saga reap`` by hand): it shows beat runs.
-        saga.store.note_reaper_pass()
+        core.store.note_reaper_pass()
         return {
             "examined": report.examined,
             "abandoned": len(report.abandoned),
@@ -114,15 +124,15 @@ def install(app: Celery, saga: Saga) -> None:
 
     def refuse_unsafe_configuration(sender: Any = None, **_: Any) -> None:
         try:
-            problems = guard_problems(saga)
+            problems = guard_problems(core)
             # Only here, not in guard_problems: ``saga doctor`` asks that, and must not migrate.
-            problems += records_schema_problems(saga.settings)
+            problems += records_schema_problems(core.settings)
         except Exception as exc:  # a guard that cannot look must not wave the worker through
             problems = [f"the configuration could not be checked: {exc!r}"]
         if faults_enabled():
             logger.warning("FAULT INJECTION IS ENABLED (%s=1): never in production", FAULTS_ENV)
-        warn_stale_shapes(saga)  # logs what an unwind would meet; never refuses
-        warn_unknown_tools(saga)  # names what callers know and this worker lacks
+        warn_stale_shapes(core)  # logs what an unwind would meet; never refuses
+        warn_unknown_tools(core)  # names what callers know and this worker lacks
         if problems:
             message = "saga: refusing to start the worker:\n  - " + "\n  - ".join(problems)
             logger.critical(message)
@@ -132,7 +142,7 @@ def install(app: Celery, saga: Saga) -> None:
 
     def step_revoked(sender: Any = None, request: Any = None, **info: Any) -> None:
         killed = bool(info.get("terminated")) and info.get("signum") == signal.SIGKILL
-        _on_revoked(saga, request, bool(info.get("terminated")), killed=killed)
+        _on_revoked(core, request, bool(info.get("terminated")), killed=killed)
 
     # After logging is set up (so the refusal reaches --logfile), before the pool starts.
     celeryd_after_setup.connect(
@@ -145,19 +155,19 @@ def install(app: Celery, saga: Saga) -> None:
         self: Task, run_id: str, owner: str = "", sent_at: float | None = None
     ) -> str:
         try:
-            return saga.conclude(run_id, owner, sent_at).value
+            return core.conclude(run_id, owner, sent_at).value
         except Exception as exc:
             # The records database may be down: keep the run unwinding and try again.
             attempt = self.request.retries + 1
             raise self.retry(exc=exc, countdown=_CONCLUDE_RETRY.delay(attempt)) from exc
 
 
-def guard_problems(saga: Saga, check_redis: bool = True) -> list[str]:
+def guard_problems(core: Core, check_redis: bool = True) -> list[str]:
     """What the start-up guard finds wrong with ``saga``'s app (``saga doctor`` asks too,
     ``check_redis=False`` when it has looked at the stack's Redis itself)."""
-    stores = [saga.store.client] if check_redis else []
-    problems = configuration_problems(saga.app.conf, _delays(saga), stores)
-    return problems + notify_task.configuration_problems(saga, saga.app.conf)
+    stores = [core.store.client] if check_redis else []
+    problems = configuration_problems(core.app.conf, _delays(core), stores)
+    return problems + notify_task.configuration_problems(core.settings.notifications, core.app.conf)
 
 
 #: Arguments already crossed the broker within the dispatcher's limit: no second limit here.
@@ -172,15 +182,17 @@ _CONCLUDE_RETRY = RetryPolicy(attempts=20, backoff=0.5, backoff_max=1.0)
 _BUSY_WAIT = RetryPolicy(attempts=2, backoff=1.0, backoff_max=1.0, jitter=False)
 
 
-def _delays(saga: Saga) -> dict[str, RetryPolicy]:
+def _delays(core: Core) -> dict[str, RetryPolicy]:
     """Every delay a worker may hold a message for, by who asks for it (the guard's input)."""
     delays = {
-        **{tool.name: tool.retry for tool in saga.registry},
+        **{tool.name: tool.retry for tool in core.registry},
         CONCLUDE_UNWIND_TASK: _CONCLUDE_RETRY,
         "a delivery waiting for another's lease": _BUSY_WAIT,
     }
-    if saga.settings.notifications.sinks:  # else this worker has no notice to deliver
-        delays[f"{NOTIFY_TASK} (SAGA_NOTIFY_BACKOFF_MAX)"] = notify_task.retry_policy(saga)
+    if core.settings.notifications.sinks:  # else this worker has no notice to deliver
+        delays[f"{NOTIFY_TASK} (SAGA_NOTIFY_BACKOFF_MAX)"] = notify_task.retry_policy(
+            core.settings.notifications
+        )
     return delays
 
 
@@ -203,7 +215,7 @@ def _metrics_port_needs_the_client(ctx: Any, param: Any, value: int | None) -> i
     return value
 
 
-def _install_metrics(app: Celery, saga: Saga) -> None:
+def _install_metrics(app: Celery, core: Core) -> None:
     """The worker option, and the server started in the worker's main process before the
     pool forks (its children write multiprocess files the server sums)."""
     import click
@@ -230,7 +242,7 @@ def _install_metrics(app: Celery, saga: Saga) -> None:
             return
         address = os.environ.get("SAGA_METRICS_ADDR") or "127.0.0.1"
         try:
-            server = metrics.MetricsServer(int(port), address, lambda: _open_escalations(saga))
+            server = metrics.MetricsServer(int(port), address, lambda: _open_escalations(core))
         except Exception as exc:  # Celery logs a signal handler's error and starts anyway
             raise SystemExit(
                 f"saga: refusing to start: {METRICS_PORT_OPTION} {port}: {exc}"
@@ -245,32 +257,32 @@ def _install_metrics(app: Celery, saga: Saga) -> None:
     worker_shutdown.connect(stop, weak=False, dispatch_uid=f"saga-metrics-stop-{id(app)}")
 
 
-def _open_escalations(saga: Saga) -> int:
+def _open_escalations(core: Core) -> int:
     from sqlalchemy import func, select
 
     from saga.records import EscalationRecord
 
     query = select(func.count()).where(EscalationRecord.resolved.is_(False))
-    with saga.records.engine.connect() as connection:
+    with core.records.engine.connect() as connection:
         return int(connection.execute(query).scalar_one())
 
 
-def publish_worker_tools_of(saga: Saga) -> None:
+def publish_worker_tools_of(core: Core) -> None:
     """Say which tools this worker runs, once it is ready (after every import of the app, so
     a tool registered late is in), for callers to refuse the others at once; and how its
     ``Saga`` is imported, for the commands a ``saga`` run without ``--app`` prints."""
     from saga.escalations.invocation import app_spec_of
 
     try:
-        publish_worker_tools(saga.store.client, [tool.name for tool in saga.registry])
-        spec = app_spec_of(saga, saga.settings.app)
+        publish_worker_tools(core.store.client, [tool.name for tool in core.registry])
+        spec = app_spec_of(core.app_object, core.settings.app)
         if spec:
-            publish_worker_app(saga.store.client, spec)
+            publish_worker_app(core.store.client, spec)
     except Exception:
         logger.exception("could not publish the tools this worker runs")
 
 
-def install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
+def install_tool(app: Celery, core: Core, tool: Tool) -> None:
     @app.task(name=tool_task_name(tool.name), **_TASK_OPTIONS)
     @traced_tool(tool)  # timed by outcome, and a span (saga.telemetry)
     def run_tool(
@@ -282,13 +294,13 @@ def install_tool(app: Celery, saga: Saga, tool: Tool) -> None:
         unwind: str = "",
     ) -> Any:
         if compensates is not None:
-            return _compensate(saga, self, tool, run_id, compensates, unwind)
+            return _compensate(core, self, tool, run_id, compensates, unwind)
         if step is None:
             raise InvalidArgumentsError(f"{tool.name} task needs a step or a compensation")
-        return _forward(saga, self, tool, run_id, step, args or {})
+        return _forward(core, self, tool, run_id, step, args or {})
 
 
-def _on_revoked(saga: Saga, request: Any, terminated: bool, killed: bool = False) -> None:
+def _on_revoked(core: Core, request: Any, terminated: bool, killed: bool = False) -> None:
     """A revoked message is decided from the recorded state, not from Celery's flag: a step no
     delivery began never ran (failed); one that began is in doubt, reconciled once no delivery
     may still be running it (right away unless its lease holds, else by the reaper)."""
@@ -300,25 +312,25 @@ def _on_revoked(saga: Saga, request: Any, terminated: bool, killed: bool = False
     error = {"type": "Revoked", "message": f"{name} was revoked (terminated: {terminated})"}
     try:
         if kwargs.get("compensates") is not None:
-            _compensation_revoked(saga, request, run_id, kwargs, error, killed)
+            _compensation_revoked(core, request, run_id, kwargs, error, killed)
             return
         step = int(kwargs["step"])
-        outcome = saga.store.mark_in_doubt(run_id, step, error, event="revoke")
+        outcome = core.store.mark_in_doubt(run_id, step, error, event="revoke")
         if outcome.owns_unwind:
-            saga.start_unwind(run_id, f"step:{step}")
+            core.start_unwind(run_id, f"step:{step}")
         elif outcome.status == "in_doubt" and str(outcome.values[0]) == "0":
-            reconcile(saga, run_id, step)
+            reconcile(core, run_id, step)
         elif outcome.status == "in_doubt":
             # Its delivery may still be applying the effect: the reaper asks the lookup once
             # the lease has run out, not before.
-            lease = saga.picture(run_id).step(step).lease or saga.store.now()
-            saga.store.schedule(run_id, lease)
+            lease = core.picture(run_id).step(step).lease or core.store.now()
+            core.store.schedule(run_id, lease)
     except Exception:
         logger.exception("run %s: could not record the revoke of %s", run_id, name)
 
 
 def _compensation_revoked(
-    saga: Saga,
+    core: Core,
     request: Any,
     run_id: str,
     kwargs: dict[str, Any],
@@ -330,7 +342,7 @@ def _compensation_revoked(
     may still be undoing, and keeps its lease until it reports."""
     step, unwind = int(kwargs["compensates"]), str(kwargs.get("unwind") or "")
     claim = REVOKE_KILLED if killed else ""
-    outcome = saga.store.record_compensation(
+    outcome = core.store.record_compensation(
         run_id, step, "revoke", error, claim=claim, owner=unwind
     )
     if outcome.status != "ok":
@@ -338,12 +350,12 @@ def _compensation_revoked(
         return
     # The older compensations and the conclusion still have to run.
     remaining = list(getattr(request, "chain", None) or [])
-    _send_rest(saga.app, remaining, getattr(request, "id", None), getattr(request, "root_id", None))
+    _send_rest(core.app, remaining, getattr(request, "id", None), getattr(request, "root_id", None))
 
 
-def _strike(saga: Saga, point: str, tool: Tool) -> None:
-    if saga.faults is not None:
-        saga.faults.strike(point, tool.name)
+def _strike(core: Core, point: str, tool: Tool) -> None:
+    if core.faults is not None:
+        core.faults.strike(point, tool.name)
 
 
 def _error(exc: BaseException, attempt: int) -> dict[str, Any]:
@@ -363,14 +375,14 @@ def _call(tool: Tool, ctx: StepContext, args: dict[str, Any]) -> Any:
 
 
 def _forward(
-    saga: Saga, task: Task, tool: Tool, run_id: str, step: int, args: dict[str, Any]
+    core: Core, task: Task, tool: Tool, run_id: str, step: int, args: dict[str, Any]
 ) -> Any:
-    store = saga.store
+    store = core.store
     # (The dispatcher applied the size limit; this only has to match what it stored.)
     args_json = payload.dumps(args, what="arguments", limit=_NO_LIMIT)
     claim = _claim(task)
     begin = _patiently(
-        saga,
+        core,
         f"run {run_id} step {step}: begin",
         store.begin_step,
         run_id,
@@ -378,15 +390,15 @@ def _forward(
         tool.name,
         args_json,
         claim,
-        saga.lease_seconds,
+        core.lease_seconds,
     )
     if begin.status == "succeeded":  # a redelivery: replay, never re-apply
-        _after_success(saga, run_id, step, int(begin.values[1]) == 1, int(begin.values[2]) == 1)
+        _after_success(core, run_id, step, int(begin.values[1]) == 1, int(begin.values[2]) == 1)
         return payload.loads(begin.values[0])
     if begin.status in ("failed", "rejected"):
         if int(begin.values[1]) == 1:  # a redelivered errback whose unwind was never sent
-            saga.start_unwind(run_id, f"step:{step}")
-        saga.step_settled(run_id, step)  # its first delivery may have died before telling
+            core.start_unwind(run_id, f"step:{step}")
+        core.step_settled(run_id, step)  # its first delivery may have died before telling
         error = (payload.loads(begin.values[0] or None) or {}).get("message", "failed")
         if begin.status == "rejected":
             return {"rejected": error}
@@ -395,37 +407,37 @@ def _forward(
         raise task.retry(countdown=min(float(begin.values[0]), _BUSY_WAIT.backoff_max))
     if begin.status != "run":
         if begin.owns_unwind:
-            saga.start_unwind(run_id, f"step:{step}")
+            core.start_unwind(run_id, f"step:{step}")
         if begin.status == "skip":
-            saga.step_settled(run_id, step)
+            core.step_settled(run_id, step)
         log = logger.error if begin.status == "mismatch" else logger.warning
         log("run %s step %d (%s) not run: %s", run_id, step, tool.name, begin)
         raise Ignore()
     attempt, feed_back = int(begin.values[0]), begin.values[1] == "feed_back"
     orphaned = len(begin.values) > 2 and str(begin.values[2]) == "1"
-    if attempt > tool.retry.attempts + saga.settings.max_redeliveries:
+    if attempt > tool.retry.attempts + core.settings.max_redeliveries:
         # Only redeliveries push this far (the worker died mid-step each time): stop looping,
         # and let the lookup say whether the effect happened.
         message = f"started {attempt - 1} times without an outcome (a crash loop?)"
         error = {"type": "AttemptsExceeded", "message": message}
-        _in_doubt(saga, run_id, step, error)
+        _in_doubt(core, run_id, step, error)
         raise StepInDoubtError(f"run {run_id} step {step} ({tool.name}): {message}")
     ctx = StepContext(run_id, step, step_idempotency_key(run_id, step), attempt)
     try:
-        _strike(saga, "before_effect", tool)
+        _strike(core, "before_effect", tool)
         result = _call(tool, ctx, args)
-        _strike(saga, "after_effect", tool)
+        _strike(core, "after_effect", tool)
     except ToolRejected as exc:  # a business refusal: nothing happened, the model is told
         logger.info("run %s step %d (%s) rejected: %s", run_id, step, tool.name, exc)
-        _record_failure(saga, run_id, step, _error(exc, attempt), "reject")
+        _record_failure(core, run_id, step, _error(exc, attempt), "reject")
         metrics.step(tool.name, "rejected")
         return {"rejected": str(exc)}
     except Exception as exc:
         if _retryable(exc) and tool.retry.allows_another(attempt):
             countdown = tool.retry.delay(attempt)
-            hold = countdown + saga.lease_seconds
+            hold = countdown + core.lease_seconds
             _patiently(
-                saga,
+                core,
                 f"run {run_id} step {step}: the retry",
                 store.record_retry,
                 run_id,
@@ -437,9 +449,9 @@ def _forward(
             raise task.retry(exc=exc, countdown=countdown) from exc
         event = "reject" if feed_back else "fail"
         error = _error(exc, attempt)
-        _settle_final_failure(saga, tool, run_id, step, args, error, event, orphaned)
+        _settle_final_failure(core, tool, run_id, step, args, error, event, orphaned)
         raise
-    _settle_success_patiently(saga, tool, run_id, step, args, result, feed_back)
+    _settle_success_patiently(core, tool, run_id, step, args, result, feed_back)
     return result
 
 
@@ -449,7 +461,7 @@ def _claim(task: Task) -> str:
 
 
 def _settle_final_failure(
-    saga: Saga,
+    core: Core,
     tool: Tool,
     run_id: str,
     step: int,
@@ -473,7 +485,7 @@ def _settle_final_failure(
         )
         logger.warning("run %s step %d (%s) failed: %s", run_id, step, tool.name, message)
         error = {**error, "message": message}
-        _in_doubt(saga, run_id, step, error)
+        _in_doubt(core, run_id, step, error)
         metrics.step(tool.name, "failed")
         return
     if tool.lookup is not None and writes:
@@ -482,7 +494,7 @@ def _settle_final_failure(
         except Exception as exc:
             logger.exception("run %s step %d: lookup after the failure failed", run_id, step)
             error = {**error, "lookup": f"{type(exc).__name__}: {exc}"}
-            _in_doubt(saga, run_id, step, error)
+            _in_doubt(core, run_id, step, error)
             return
         if found is not None:
             logger.warning(
@@ -491,39 +503,39 @@ def _settle_final_failure(
                 step,
                 tool.name,
             )
-            _settle_success_patiently(saga, tool, run_id, step, args, found, event == "reject")
+            _settle_success_patiently(core, tool, run_id, step, args, found, event == "reject")
             return
-    _record_failure(saga, run_id, step, error, event)
+    _record_failure(core, run_id, step, error, event)
     metrics.step(tool.name, "failed" if event == "fail" else "rejected")
 
 
-def _in_doubt(saga: Saga, run_id: str, step: int, error: dict[str, Any]) -> None:
+def _in_doubt(core: Core, run_id: str, step: int, error: dict[str, Any]) -> None:
     """Mark the step in doubt and reconcile it, however briefly the stack's Redis is away (a
     repeat whose first call landed resumes what that call decided)."""
     _patiently(
-        saga, f"run {run_id} step {step}: in doubt", mark_in_doubt, saga, run_id, step, error
+        core, f"run {run_id} step {step}: in doubt", mark_in_doubt, core, run_id, step, error
     )
 
 
-def _record_failure(saga: Saga, run_id: str, step: int, error: dict[str, Any], event: str) -> None:
+def _record_failure(core: Core, run_id: str, step: int, error: dict[str, Any], event: str) -> None:
     outcome = _patiently(
-        saga,
+        core,
         f"run {run_id} step {step}: the failure",
-        saga.store.record_failure,
+        core.store.record_failure,
         run_id,
         step,
         error,
         event,
     )
     if outcome.owns_unwind:
-        saga.start_unwind(run_id, f"step:{step}")
+        core.start_unwind(run_id, f"step:{step}")
     # The script checked the step's hosted turn when it settled it (not on a repeat).
     turn_done = int(outcome.values[1]) if outcome.status == "ok" else None
-    saga.step_settled(run_id, step, turn_done)
+    core.step_settled(run_id, step, turn_done)
 
 
 def _settle_success_patiently(
-    saga: Saga,
+    core: Core,
     tool: Tool,
     run_id: str,
     step: int,
@@ -540,10 +552,10 @@ def _settle_success_patiently(
     the exception leaves the message unacknowledged for redelivery (or the reaper's lookup).
     """
     _patiently(
-        saga,
+        core,
         f"run {run_id} step {step}: the push",
         _settle_success,
-        saga,
+        core,
         tool,
         run_id,
         step,
@@ -553,7 +565,7 @@ def _settle_success_patiently(
     )
 
 
-def _patiently(saga: Saga, what: str, call: Callable[..., T], *args: Any) -> T:
+def _patiently(core: Core, what: str, call: Callable[..., T], *args: Any) -> T:
     """Call ``call`` again while the stack's Redis is unreachable, for a bounded time. Every
     script answers a repeat with what its first call decided, so a call whose reply was lost
     (it ran on the server) is safe to repeat."""
@@ -562,7 +574,7 @@ def _patiently(saga: Saga, what: str, call: Callable[..., T], *args: Any) -> T:
         try:
             return call(*args)
         except StoreUnavailableError:
-            if waited >= saga.settings.store_outage_patience:
+            if waited >= core.settings.store_outage_patience:
                 raise
             logger.warning("%s: stack unreachable, trying again", what)
             time.sleep(delay)
@@ -571,7 +583,7 @@ def _patiently(saga: Saga, what: str, call: Callable[..., T], *args: Any) -> T:
 
 
 def _settle_success(
-    saga: Saga,
+    core: Core,
     tool: Tool,
     run_id: str,
     step: int,
@@ -586,7 +598,7 @@ def _settle_success(
     failing there too: always when the undo could not be built (the effect is live with no
     undo), and for a result that cannot be recorded unless the step's failures are fed back
     (``feed_back``: the caller is told and the run goes on, the undo on its stack)."""
-    result_json, entry_json, problem = saga.encode_effect(tool, run_id, step, args, result)
+    result_json, entry_json, problem = core.encode_effect(tool, run_id, step, args, result)
     fails = ""
     if problem is not None and (problem["type"] == UNDO_PROBLEM or not feed_back):
         fails = f"step {step} ({tool.name}): {problem['message']}"
@@ -595,37 +607,37 @@ def _settle_success(
         logger.error("run %s step %d (%s): %s", run_id, step, tool.name, problem["message"])
         problem = {**problem, "run_goes_on": True}  # what the caller's error says
     irreversible = tool.tool_class is ToolClass.IRREVERSIBLE_WRITE
-    outcome = saga.store.record_success(
+    outcome = core.store.record_success(
         run_id, step, result_json, entry_json, irreversible, problem, fails
     )
     if outcome.status in ("ok", "dup", "late"):
         metrics.step(tool.name, "succeeded")
         mine = int(outcome.values[0]) == 1
         turn_done = int(outcome.values[2]) if len(outcome.values) > 2 else None
-        _after_success(saga, run_id, step, mine, int(outcome.values[1]) == 1, turn_done)
+        _after_success(core, run_id, step, mine, int(outcome.values[1]) == 1, turn_done)
     else:  # never silent: the store logged the refused transition; a person must look
         raise StepFailedError(run_id, step, tool.name, f"its success was refused: {outcome}")
 
 
 def _after_success(
-    saga: Saga, run_id: str, step: int, mine: bool, late: bool, turn_done: int | None = None
+    core: Core, run_id: str, step: int, mine: bool, late: bool, turn_done: int | None = None
 ) -> None:
     """What the recorded success decided (the first time, or again on a repeat): start the
     unwind this step came to own, put a run an effect reopened back on the record, and move
     a hosted run on (``turn_done``: see ``Saga.step_settled``)."""
     if late:
-        saga.landed_late(run_id)
+        core.landed_late(run_id)
     if mine:
-        saga.start_unwind(run_id, f"step:{step}")
-    saga.step_settled(run_id, step, turn_done)
+        core.start_unwind(run_id, f"step:{step}")
+    core.step_settled(run_id, step, turn_done)
 
 
-def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwind: str) -> Any:
-    store = saga.store
+def _compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwind: str) -> Any:
+    store = core.store
     claim = _claim(task)
     task_id = str(task.request.id or "")
     begin = _patiently(
-        saga,
+        core,
         f"run {run_id} undo {step}: begin",
         store.begin_compensation,
         run_id,
@@ -633,11 +645,11 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
         claim,
         task_id,
         unwind,
-        saga.lease_seconds,
+        core.lease_seconds,
     )
     if begin.status in ("done", "failed"):  # settled already (a redelivery): pass the chain on
         logger.info("run %s: compensation of step %d already %s", run_id, step, begin.status)
-        _conclude_here(saga, task, run_id)
+        _conclude_here(core, task, run_id)
         return {"compensated": step, "replayed": True}
     if begin.status == "busy":  # another execution (or a newer undo) still runs: wait for it
         raise task.retry(countdown=min(float(begin.values[0]), _BUSY_WAIT.backoff_max))
@@ -645,24 +657,24 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
         logger.warning("run %s: compensation of step %d not run: %s", run_id, step, begin)
         raise Ignore()
     attempt, entry = int(begin.values[0]), payload.loads(begin.values[1])
-    if attempt > tool.retry.attempts + saga.settings.max_redeliveries:
+    if attempt > tool.retry.attempts + core.settings.max_redeliveries:
         message = f"started {attempt - 1} times without an outcome (a crash loop?)"
         error = {"type": "AttemptsExceeded", "message": message}
-        _record_compensation(saga, run_id, step, "fail", error, claim)
+        _record_compensation(core, run_id, step, "fail", error, claim)
         metrics.compensation(tool.name, "failed")
-        _continue_chain(saga, task, run_id)
+        _continue_chain(core, task, run_id)
         raise StepInDoubtError(f"run {run_id}: compensation of step {step}: {message}")
     ctx = StepContext(run_id, step, entry["idempotency_key"], attempt, compensating=True)
     try:
-        _strike(saga, "before_compensation", tool)
+        _strike(core, "before_compensation", tool)
         _call(tool, ctx, entry["args"])
-        _strike(saga, "after_compensation", tool)
+        _strike(core, "after_compensation", tool)
     except Exception as exc:
         if _retryable(exc) and tool.retry.allows_another(attempt):
-            _record_compensation(saga, run_id, step, "retry", _error(exc, attempt), claim)
+            _record_compensation(core, run_id, step, "retry", _error(exc, attempt), claim)
             metrics.compensation(tool.name, "retried")
             raise task.retry(exc=exc, countdown=tool.retry.delay(attempt)) from exc
-        _record_compensation(saga, run_id, step, "fail", _error(exc, attempt), claim)
+        _record_compensation(core, run_id, step, "fail", _error(exc, attempt), claim)
         metrics.compensation(tool.name, "failed")
         logger.error(
             "run %s: compensation %s of step %d failed for good after %d attempt(s): %s",
@@ -672,23 +684,23 @@ def _compensate(saga: Saga, task: Task, tool: Tool, run_id: str, step: int, unwi
             attempt,
             exc,
         )
-        _continue_chain(saga, task, run_id)
+        _continue_chain(core, task, run_id)
         raise
-    _record_compensation(saga, run_id, step, "done", None, claim)
+    _record_compensation(core, run_id, step, "done", None, claim)
     metrics.compensation(tool.name, "done")
-    _conclude_here(saga, task, run_id)
+    _conclude_here(core, task, run_id)
     return {"compensated": step}
 
 
 def _record_compensation(
-    saga: Saga, run_id: str, step: int, outcome: str, error: dict[str, Any] | None, claim: str
+    core: Core, run_id: str, step: int, outcome: str, error: dict[str, Any] | None, claim: str
 ) -> None:
     """An undo's outcome, kept however briefly the stack's Redis is away (a repeat whose first
     call landed is answered as a duplicate)."""
     _patiently(
-        saga,
+        core,
         f"run {run_id} undo {step}: {outcome}",
-        saga.store.record_compensation,
+        core.store.record_compensation,
         run_id,
         step,
         outcome,
@@ -697,7 +709,7 @@ def _record_compensation(
     )
 
 
-def _conclude_here(saga: Saga, task: Task, run_id: str) -> None:
+def _conclude_here(core: Core, task: Task, run_id: str) -> None:
     """When all that is left of this unwind's chain is its conclusion, conclude here rather
     than send it: the call ``saga.conclude_unwind`` would make, one Celery message fewer per
     unwind. The compensation's outcome is recorded already, as it is when the tracer sends
@@ -712,14 +724,14 @@ def _conclude_here(saga: Saga, task: Task, run_id: str) -> None:
     if following.get("task") != CONCLUDE_UNWIND_TASK or kwargs.get("run_id") != run_id:
         return
     try:
-        saga.conclude(run_id, str(kwargs.get("owner") or ""), kwargs.get("sent_at"))
+        core.conclude(run_id, str(kwargs.get("owner") or ""), kwargs.get("sent_at"))
     except Exception as exc:
         logger.warning("run %s: concluding after its last undo failed (%r): sent", run_id, exc)
         return
     task.request.chain = None  # concluded: Celery's tracer has nothing left to send
 
 
-def _continue_chain(saga: Saga, task: Task, run_id: str) -> None:
+def _continue_chain(core: Core, task: Task, run_id: str) -> None:
     """Send the rest of the unwind although this compensation failed.
 
     The seed's rule: a failed compensation is recorded and the older ones still run. Celery
@@ -727,7 +739,7 @@ def _continue_chain(saga: Saga, task: Task, run_id: str) -> None:
     does on success (concluding here when nothing else is left), and then fails visibly
     (Flower shows it red).
     """
-    _conclude_here(saga, task, run_id)
+    _conclude_here(core, task, run_id)
     remaining = list(task.request.chain or [])
     task.request.chain = None
     try:

@@ -2,10 +2,10 @@
 
 A turn (``saga.agent_turn``, on the ``saga.turns`` queue, served by a threads pool so a model
 call never holds a prefork slot) asks the policy once, records the answer (first writer
-wins), then dispatches the answer's calls through ``Saga.dispatch`` in the model's order, each
+wins), then dispatches the answer's calls through ``Core.dispatch`` in the model's order, each
 under its marker ``<turn>:<call>``, which the reserve script records with the step. It never
 waits for a step: whoever settles the turn's last step (a tool task, through
-``Saga.step_settled``; or the turn itself, if every call was refused or settled at once)
+``Core.step_settled``; or the turn itself, if every call was refused or settled at once)
 marks the turn done, first writer wins, and sends the next turn.
 
 Crash-safety: a redelivered turn finds its answer recorded and does not ask again; each call
@@ -27,7 +27,7 @@ import redis
 
 from saga import rules, telemetry
 from saga.agents import approvals
-from saga.agents.agent import Agent, OnLimit
+from saga.agents.agent import Agent, AgentRegistry, OnLimit
 from saga.agents.launch import publish_agents, send_turn
 from saga.agents.lease import TURN_LEASE_SECONDS, Hold, keeper_for
 from saga.agents.messages import ModelTurn, ToolCall
@@ -57,7 +57,7 @@ from saga.hooks import RunListener
 from saga.model import OnFailure, RunState, ToolClass
 
 if TYPE_CHECKING:
-    from saga.engine import Saga
+    from saga.core import Core
     from saga.picture import RunPicture
 
 logger = logging.getLogger("saga.agents")
@@ -83,10 +83,12 @@ class Again:
     model_attempt: bool = False
 
 
-def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> Again | None:
+def run_turn(
+    core: Core, agents: AgentRegistry, run_id: str, turn: int, attempt: int = 1
+) -> Again | None:
     """Play turn ``turn`` of a hosted run (``attempt``: of its model call); returns when to
     try again (a retryable model error, or another delivery asking the model), else None."""
-    picture = saga.store.picture(run_id)
+    picture = core.store.picture(run_id)
     state = LoopState.parse(picture.agent) if picture is not None else None
     if picture is None or state is None:
         logger.error("run %s: turn %d of a run with no agent state; dropped", run_id, turn)
@@ -99,7 +101,7 @@ def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> Again | No
         # the reply of its abort was lost, so nobody sent the unwind): carry it out, as
         # recorded (an abort with the same reason sends the unwind if nobody has). A final
         # answer completes; it never unwinds.
-        carry_out_end(saga, run_id, end, state.ended)
+        carry_out_end(core, run_id, end, state.ended)
         return None
     if picture.state is not RunState.RUNNING or turn in state.advanced:
         return None  # the run is failing or ended, or this turn is done: a late duplicate
@@ -109,44 +111,46 @@ def run_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> Again | No
         )
         return None
     try:
-        agent = saga.agents.get(state.agent)
+        agent = agents.get(state.agent)
     except UnknownAgentError as exc:
-        _not_hosted(saga, run_id, turn, str(exc))
+        _not_hosted(core, run_id, turn, str(exc))
         return None
     if state.deadline_open:  # enqueued before any worker said what this agent's deadline is
-        saga.store.adopt_deadline(run_id, agent.deadline or saga.settings.run_deadline_seconds)
-    turns = _turns(saga)
+        core.store.adopt_deadline(run_id, agent.deadline or core.settings.run_deadline_seconds)
+    turns = _turns(core)
     answer = state.answers.get(turn)
     if answer is None:
-        asked = _ask(saga, turns, agent, picture, state, turn, attempt)
+        asked = _ask(core, turns, agent, picture, state, turn, attempt)
         if not isinstance(asked, ModelTurn):
             return asked
         answer = asked
-    _strike(saga, "after_model_answer", agent.name)
+    _strike(core, "after_model_answer", agent.name)
     if answer.finished:
-        _end(saga, run_id, turn, OnLimit.FINISH, "final answer")
+        _end(core, run_id, turn, OnLimit.FINISH, "final answer")
         return None
     used = sum(1 for s in picture.steps if s.call and int(s.call.split(":")[0]) < turn)
     if used + len(answer.calls) > agent.limits.max_tool_calls:
         why = f"tool call limit: {used} made, {len(answer.calls)} more asked for, limit "
-        _end(saga, run_id, turn, agent.limits.on_limit, f"{why}{agent.limits.max_tool_calls}")
+        _end(core, run_id, turn, agent.limits.on_limit, f"{why}{agent.limits.max_tool_calls}")
         return None
-    placed = _dispatch_calls(saga, turns, agent, picture, state, turn, answer)
+    placed = _dispatch_calls(core, turns, agent, picture, state, turn, answer)
     if placed is _Placed.BY_OTHERS:
-        advance_if_settled(saga, run_id, turn)
+        advance_if_settled(core, run_id, turn)
     return None
 
 
-def play_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> Again | None:
+def play_turn(
+    core: Core, agents: AgentRegistry, run_id: str, turn: int, attempt: int = 1
+) -> Again | None:
     """``run_turn``, played again (a replay: every write of a turn is first-writer-wins)
     while the stack's Redis is away, for ``store_outage_patience`` at most, and while the run
     keeps changing under a dispatch. Waiting here, not in a Celery retry: when Redis is away
     the broker often is too, and a retry that cannot be published would lose the turn."""
-    patience = time.monotonic() + saga.settings.store_outage_patience
+    patience = time.monotonic() + core.settings.store_outage_patience
     pause, contended = 0.1, 0
     while True:
         try:
-            return run_turn(saga, run_id, turn, attempt)
+            return run_turn(core, agents, run_id, turn, attempt)
         except RunContendedError:
             contended += 1
             if contended > _CONTENDED_REPLAYS:
@@ -159,13 +163,13 @@ def play_turn(saga: Saga, run_id: str, turn: int, attempt: int = 1) -> Again | N
             pause = min(pause * 2, 2.0)
 
 
-def _turns(saga: Saga) -> TurnStore:
-    settings = saga.settings
-    return TurnStore(saga.store, settings.max_payload_bytes, settings.max_transcript_bytes)
+def _turns(core: Core) -> TurnStore:
+    settings = core.settings
+    return TurnStore(core.store, settings.max_payload_bytes, settings.max_transcript_bytes)
 
 
 def _ask(
-    saga: Saga,
+    core: Core,
     turns: TurnStore,
     agent: Agent,
     picture: RunPicture,
@@ -179,17 +183,17 @@ def _ask(
     try:
         _freeze_earlier_results(turns, picture, state, turn)
     except PayloadError as exc:  # the same on every delivery: end as the agent's limits say
-        _end(saga, run_id, turn, agent.limits.on_limit, f"transcript limit: {exc}")
+        _end(core, run_id, turn, agent.limits.on_limit, f"transcript limit: {exc}")
         return None
-    ended = _limit_reached(agent, state, turn, saga.settings.max_transcript_bytes)
+    ended = _limit_reached(agent, state, turn, core.settings.max_transcript_bytes)
     if ended is not None:
         how, why = ended
-        _end(saga, run_id, turn, how, why)
+        _end(core, run_id, turn, how, why)
         return None
     # Every delivery died or failed asking: stop looping. Judged under the lease (by the
     # script), never while another delivery's model call may still answer.
-    most = agent.model_retry.attempts + saga.settings.max_redeliveries
-    hold = Hold(run_id, turn, min(saga.lease_seconds, TURN_LEASE_SECONDS))
+    most = agent.model_retry.attempts + core.settings.max_redeliveries
+    hold = Hold(run_id, turn, min(core.lease_seconds, TURN_LEASE_SECONDS))
     taken = turns.ask_model(run_id, turn, hold.seconds, hold.token, most)
     if taken == "busy":
         return Again(_LEASE_WAIT)
@@ -197,12 +201,12 @@ def _ask(
         return Again(0.0)
     if taken == "spent":
         why = f"turn {turn} was asked {most} times without an answer"
-        _end(saga, run_id, turn, OnLimit.UNWIND, why)
+        _end(core, run_id, turn, OnLimit.UNWIND, why)
         return None
     recorded: ModelTurn | None = None  # recording the answer releases the lease
     try:
-        with keeper_for(saga.store).holding(hold):
-            _strike(saga, "during_model_call", agent.name)
+        with keeper_for(core.store).holding(hold):
+            _strike(core, "during_model_call", agent.name)
             transcript = transcript_until(state, turn)
             answer = telemetry.model_call(
                 run_id, turn, agent, take_turn, agent.policy, transcript, agent.tools
@@ -215,16 +219,16 @@ def _ask(
             delay = agent.model_retry.delay(attempt) if wait is None else wait
             logger.warning("run %s turn %d: %s; asking again in %.1fs", run_id, turn, exc, delay)
             return Again(min(delay, LONGEST_MODEL_WAIT), model_attempt=True)
-        _end(saga, run_id, turn, OnLimit.UNWIND, f"model call failed: {exc}")
+        _end(core, run_id, turn, OnLimit.UNWIND, f"model call failed: {exc}")
     except PayloadError as exc:
-        _end(saga, run_id, turn, OnLimit.UNWIND, f"the model's answer cannot be kept: {exc}")
+        _end(core, run_id, turn, OnLimit.UNWIND, f"the model's answer cannot be kept: {exc}")
     except RunEndedError as exc:  # aborted, or reaped as hung, while the model thought
         logger.info("run %s turn %d: the answer came after the run ended (%s)", run_id, turn, exc)
     except StoreUnavailableError:
         raise  # Redis away, not the policy's fault: the task tries the turn again
     except Exception as exc:  # a bug in the policy: every retry would fail the same way
         logger.exception("run %s turn %d: the policy raised", run_id, turn)
-        _end(saga, run_id, turn, OnLimit.UNWIND, f"the policy failed: {type(exc).__name__}: {exc}")
+        _end(core, run_id, turn, OnLimit.UNWIND, f"the policy failed: {type(exc).__name__}: {exc}")
     finally:
         if recorded is None:
             turns.release_lease(run_id, turn, hold.token)
@@ -277,7 +281,7 @@ class _Placed(enum.Enum):
 
 
 def _dispatch_calls(
-    saga: Saga,
+    core: Core,
     turns: TurnStore,
     agent: Agent,
     picture: RunPicture,
@@ -308,7 +312,7 @@ def _dispatch_calls(
                 continue
         marker = call_marker(turn, i)
         try:
-            saga.dispatch(
+            core.dispatch(
                 run_id,
                 call.name,
                 call.arguments,
@@ -324,7 +328,7 @@ def _dispatch_calls(
         else:
             if marker not in had_steps:
                 placed = _Placed.BY_LAST_STEP
-        _strike(saga, "between_dispatches", call.name)
+        _strike(core, "between_dispatches", call.name)
     return placed
 
 
@@ -344,32 +348,32 @@ def _refusal(agent: Agent, call: ToolCall, i: int, answer: ModelTurn) -> str:
     return rules.beside_writes(call.name, klass, [(n, k) for n, k in others if k is not None])
 
 
-def advance_if_settled(saga: Saga, run_id: str, turn: int) -> None:
+def advance_if_settled(core: Core, run_id: str, turn: int) -> None:
     """If every call of ``turn`` is refused or settled, mark the turn done (first writer wins)
     and send the next one. Safe to call any number of times, from anywhere."""
-    if saga.store.advance_turn(run_id, turn=turn):
-        send_turn(saga.app, run_id, turn + 1)
+    if core.store.advance_turn(run_id, turn=turn):
+        send_turn(core.app, run_id, turn + 1)
 
 
-def _end(saga: Saga, run_id: str, turn: int, how: OnLimit | str, why: str) -> None:
+def _end(core: Core, run_id: str, turn: int, how: OnLimit | str, why: str) -> None:
     """Stop the loop: record why and how (first writer wins), then carry it out."""
-    why, end = _turns(saga).mark_ended(run_id, turn, why, OnLimit(how).value)
+    why, end = _turns(core).mark_ended(run_id, turn, why, OnLimit(how).value)
     logger.info("run %s: the loop ends at turn %d (%s): %s", run_id, turn, end, why)
-    _strike(saga, "after_loop_ended", "")
-    carry_out_end(saga, run_id, end, why)
+    _strike(core, "after_loop_ended", "")
+    carry_out_end(core, run_id, end, why)
 
 
 #: The end of a loop whose agent this worker does not host (see ``carry_out_end``).
 _NOT_HOSTED = "not_hosted"
 
 
-def _not_hosted(saga: Saga, run_id: str, turn: int, why: str) -> None:
+def _not_hosted(core: Core, run_id: str, turn: int, why: str) -> None:
     logger.error("run %s: %s", run_id, why)
-    why, end = _turns(saga).mark_ended(run_id, turn, f"failed to start: {why}", _NOT_HOSTED)
-    carry_out_end(saga, run_id, end, why)
+    why, end = _turns(core).mark_ended(run_id, turn, f"failed to start: {why}", _NOT_HOSTED)
+    carry_out_end(core, run_id, end, why)
 
 
-def carry_out_end(saga: Saga, run_id: str, end: str, why: str) -> None:
+def carry_out_end(core: Core, run_id: str, end: str, why: str) -> None:
     """Complete the run (``finish``) or abort it (``unwind``: unwind, or escalate past the
     pivot), as the loop's recorded end says. Whoever finds the end recorded and the run still
     running calls this again: the turn's redelivery, or the reaper.
@@ -378,16 +382,16 @@ def carry_out_end(saga: Saga, run_id: str, end: str, why: str) -> None:
     ends ``failed_to_start`` (nothing to undo: it is no compensation); one that did (a deploy
     removed its agent mid-run) cannot go on, and unwinds."""
     try:
-        if end == _NOT_HOSTED and saga.fail_to_start(run_id, why):
+        if end == _NOT_HOSTED and core.fail_to_start(run_id, why):
             return
         if end == OnLimit.FINISH:
             try:
-                saga.complete(run_id)
+                core.complete(run_id)
             except StepsInFlightError as exc:
                 # Never unwind a finished loop: complete once they settle (the reaper does).
                 logger.warning("run %s: finished, waiting for %s to settle", run_id, exc)
             return
-        saga.abort(run_id, why)
+        core.abort(run_id, why)
     except RunEndedError:
         pass
 
@@ -397,24 +401,24 @@ def _end_of(ended: str) -> str:
     return OnLimit.FINISH.value if ended == "final answer" else OnLimit.UNWIND.value
 
 
-def _strike(saga: Saga, point: str, name: str) -> None:
-    if saga.faults is not None:
-        saga.faults.strike(point, name)
+def _strike(core: Core, point: str, name: str) -> None:
+    if core.faults is not None:
+        core.faults.strike(point, name)
 
 
 class HostedLoop(RunListener):
     """Moves hosted runs on when their steps settle, and revives a stalled one."""
 
-    def __init__(self, saga: Saga) -> None:
-        self.saga = saga
+    def __init__(self, core: Core) -> None:
+        self.core = core
 
     def step_settled(self, run_id: str, step: int, turn_done: int | None = None) -> None:
         """The step of a turn's call settled: if it was the turn's last, send the next turn.
         A success's own script has already checked (``turn_done``); any other outcome is
         checked here, in one script, whichever step it was."""
-        turn = self.saga.store.advance_turn(run_id, step=step) if turn_done is None else turn_done
+        turn = self.core.store.advance_turn(run_id, step=step) if turn_done is None else turn_done
         if turn:
-            send_turn(self.saga.app, run_id, turn + 1)
+            send_turn(self.core.app, run_id, turn + 1)
 
     def run_idle(self, run_id: str) -> bool:
         """The reaper found the run idle past its deadline: move it on if the loop can.
@@ -422,21 +426,21 @@ class HostedLoop(RunListener):
         revival spent); else sends the current turn again (or, if it is done, the next):
         its message or the notice of its last step was lost. Gives up after ``MAX_REVIVALS``
         revivals of one stall (progress in between starts the count afresh)."""
-        picture = self.saga.store.picture(run_id)
+        picture = self.core.store.picture(run_id)
         state = LoopState.parse(picture.agent) if picture is not None else None
         if picture is None or state is None or picture.state is not RunState.RUNNING:
             return False
         if state.ended:
-            carry_out_end(self.saga, run_id, state.end or _end_of(state.ended), state.ended)
+            carry_out_end(self.core, run_id, state.end or _end_of(state.ended), state.ended)
             return True
-        expired, waiting = approvals.expire_waiting(self.saga.store, run_id, state)
+        expired, waiting = approvals.expire_waiting(self.core.store, run_id, state)
         if expired:
             logger.info("run %s: %d approval(s) expired; the turn goes on", run_id, expired)
             self._send_again(run_id, state.current_turn)
             return True
         if waiting:
             return True  # a person has until the request expires; the reaper looks again
-        if _turns(self.saga).count_revival(run_id) > MAX_REVIVALS:
+        if _turns(self.core).count_revival(run_id) > MAX_REVIVALS:
             return False
         turn = state.current_turn
         logger.warning("run %s: idle at turn %d; sending it again", run_id, turn)
@@ -448,12 +452,12 @@ class HostedLoop(RunListener):
         the run (its unwind would need the same broker): the run stays the loop's, and the
         reaper's next look, a deadline later, sends it again (a revival spent each time)."""
         try:
-            send_turn(self.saga.app, run_id, turn)
+            send_turn(self.core.app, run_id, turn)
         except Exception as exc:
             logger.error("run %s: the broker did not take turn %d (%r); later", run_id, turn, exc)
 
 
-def turn_task_options(saga: Saga) -> dict[str, Any]:
+def turn_task_options(core: Core) -> dict[str, Any]:
     """The Celery options of the tasks on the turns queue."""
     return {
         "bind": True,
@@ -463,27 +467,27 @@ def turn_task_options(saga: Saga) -> dict[str, Any]:
         "ignore_result": True,
         "shared": False,
         # Task events (Flower) only if asked for: see Settings.turn_events.
-        "send_events": saga.settings.turn_events,
+        "send_events": core.settings.turn_events,
     }
 
 
-def publish_hosted_agents(saga: Saga) -> None:
+def publish_hosted_agents(core: Core, agents: AgentRegistry) -> None:
     """Say which agents this app hosts (``saga.client`` refuses the others): a worker as it
     starts, a ``Saga`` as it first enqueues a run."""
     try:
-        publish_agents(saga.store, saga.agents)
+        publish_agents(core.store, agents)
     except StoreUnavailableError:
         logger.exception("could not publish the agents this worker hosts")
 
 
-def install_turn_tasks(app: Any, saga: Saga) -> None:
+def install_turn_tasks(app: Any, core: Core, agents: AgentRegistry) -> None:
     """Register ``saga.agent_turn`` and ``saga.start_unwind`` (both on the turns queue)."""
-    options = turn_task_options(saga)
+    options = turn_task_options(core)
 
     @app.task(name=AGENT_TURN_TASK, **options)
     @telemetry.traced_turn
     def agent_turn(self: Any, run_id: str, turn: int, attempt: int = 1) -> None:
-        again = play_turn(saga, run_id, int(turn), attempt=int(attempt))
+        again = play_turn(core, agents, run_id, int(turn), attempt=int(attempt))
         if again is not None:
             attempt = attempt + 1 if again.model_attempt else attempt
             kwargs = {"run_id": run_id, "turn": turn, "attempt": attempt}
@@ -491,8 +495,8 @@ def install_turn_tasks(app: Any, saga: Saga) -> None:
 
     @app.task(name=START_UNWIND_TASK, **options)
     def start_unwind(self: Any, run_id: str, owner: str) -> None:
-        picture = saga.store.picture(run_id)
+        picture = core.store.picture(run_id)
         if picture is None or picture.state is not RunState.UNWINDING:
             return
         if picture.extra.get("owner") == owner and picture.extra.get("sent") == "0":
-            saga.start_unwind(run_id, owner)
+            core.start_unwind(run_id, owner)

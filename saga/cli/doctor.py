@@ -338,7 +338,7 @@ def _guard_check(saga: Saga | None) -> Check:
     def probe() -> Check:
         from saga.worker import guard_problems
 
-        problems = guard_problems(saga, check_redis=False)  # Redis was checked above
+        problems = guard_problems(saga.core, check_redis=False)  # Redis was checked above
         if problems:
             return Check("guard", "fail", "; ".join(problems))
         return Check("guard", "ok", "the worker's start-up guard finds nothing")
@@ -354,7 +354,7 @@ def _stale_shapes_check(saga: Saga | None) -> Check:
     def probe() -> Check:
         from saga.guard import stale_shapes
 
-        scan = stale_shapes(saga)
+        scan = stale_shapes(saga.core)
         left = f"; not scanned: {'; '.join(scan.not_scanned)}" if scan.not_scanned else ""
         if scan.stale:
             shown = "; ".join(str(s) for s in scan.stale[:10])

@@ -31,7 +31,7 @@ from saga.errors import (
 )
 from saga.model import OnFailure, ToolClass
 from saga.rules import check_on_failure, failure_mode
-from saga.runs import Run
+from saga.runs import Run, StepHandle
 from saga.tools import Tool
 
 #: The dispatcher's refusals: nothing was reserved, nothing was sent, and the model can fix each.
@@ -66,14 +66,14 @@ class ToolBridge:
         timeout: float | None = None,
     ) -> None:
         self.run = run
-        self.tools = offered_tools(run.saga.registry, tools)
+        self.tools = offered_tools(run.core.registry, tools)
         if not self.tools:
             raise ToolDefinitionError(f"{owner} is offered no tools")
         self.approval = check_approval(owner, approval, self.tools)
         self._on_failure = check_on_failure(owner, on_failure, self.tools)
         if timeout is not None and not timeout > 0:
             raise ToolDefinitionError(f"the timeout of {owner} must be positive, not {timeout}")
-        self.timeout = timeout or run.saga.settings.wait_timeout
+        self.timeout = timeout or run.core.settings.wait_timeout
         self._by_name = {t.name: t for t in self.tools}
 
     def tool(self, name: str) -> Tool | None:
@@ -101,9 +101,8 @@ class ToolBridge:
             return Refusal(f"unknown tool {name!r}; you may call: {known}")
         feed_back = failure_mode(tool, self._on_failure) is OnFailure.FEED_BACK
         try:
-            handle = self.run.saga.dispatch(
-                self.run.run_id, name, args, feed_back_failure=feed_back
-            )
+            step = self.run.core.dispatch(self.run.run_id, name, args, feed_back_failure=feed_back)
+            handle = StepHandle(self.run.core, self.run.run_id, step, name)
         except _REFUSED as exc:
             return Refusal(str(exc))
         try:

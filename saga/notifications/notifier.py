@@ -1,7 +1,7 @@
 """Telling people about escalations: the ERROR log, then a notice per configured sink.
 
 ``escalated`` runs inside the recording of an escalated run, before the run counts as recorded
-(``Saga.record_end`` marks it only afterwards): a crash anywhere before the notices are written
+(``Core.record_end`` marks it only afterwards): a crash anywhere before the notices are written
 leaves the run unrecorded, so it is recorded again (by a redelivery or the reaper) and the
 notices written then. Once written, each notice is a Celery task (``saga.notify``) with its own
 retries, so a slow receiver never holds up the worker that recorded the run; a notice whose
@@ -21,13 +21,14 @@ from saga import metrics
 from saga.constants import NOTIFY_TASK, notice_task_id
 from saga.errors import NotificationError, StoreUnavailableError
 from saga.escalations.invocation import command_for
+from saga.hooks import RunListener
 from saga.notifications.body import notification_body
 from saga.notifications.settings import NotifySettings
 from saga.notifications.sinks import SINKS
 from saga.notifications.store import NoticeStore
 
 if TYPE_CHECKING:
-    from saga.engine import Saga
+    from saga.core import Core
     from saga.picture import RunPicture
     from saga.records import EscalationRecord, RunRecord
 
@@ -51,25 +52,29 @@ class Delivery:
     error: BaseException | None = None
 
 
-class Notifier:
-    """The notices of one ``Saga``, written to its records database."""
+class Notifier(RunListener):
+    """The notices of one app's escalations, written to its records database; told of each
+    escalation by the core as one of its ``RunListener``s."""
 
-    def __init__(self, saga: Saga) -> None:
-        self.saga = saga
+    def __init__(self, core: Core) -> None:
+        self.core = core
         self._store: NoticeStore | None = None
         self._lock = threading.Lock()
 
     @property
     def settings(self) -> NotifySettings:
-        return self.saga.settings.notifications
+        return self.core.settings.notifications
 
     @property
     def store(self) -> NoticeStore:
         """Created on first use (the table too), so a deploy without sinks never has it."""
         with self._lock:
             if self._store is None:
-                self._store = NoticeStore(self.saga.records.engine)
+                self._store = NoticeStore(self.core.records.engine)
             return self._store
+
+    def run_escalated(self, escalation: EscalationRecord) -> None:
+        self.escalated(escalation)
 
     def escalated(self, record: EscalationRecord) -> list[str]:
         """Log the escalation at ERROR, write its notices, send them; return the sinks sent to.
@@ -83,20 +88,20 @@ class Notifier:
             record.escalation_id,
             record.reason,
             f"; cause: {record.cause}" if record.cause else "",
-            command_for(self.saga),
+            command_for(self.core.app_object),
             record.escalation_id,
         )
         sinks = self.settings.sinks
         if not sinks:
             return []
-        now = self.saga.store.now()
+        now = self.core.store.now()
         pending = self.store.open(record.escalation_id, record.run_id, sinks, now + SWEEP_GRACE)
         return [sink for sink in pending if self.send(record.escalation_id, sink)]
 
     def send(self, escalation_id: str, sink: str) -> bool:
         """Publish one notice's task; False (logged) if the broker refused it."""
         try:
-            self.saga.app.send_task(
+            self.core.app.send_task(
                 NOTIFY_TASK,
                 kwargs={"escalation_id": escalation_id, "sink": sink},
                 task_id=notice_task_id(escalation_id, sink),
@@ -134,13 +139,13 @@ class Notifier:
     def resend(self, escalation_id: str) -> list[str]:
         """Send an escalation's failed notices again with a fresh budget (an operator's call,
         once the receiver is fixed); return the sinks."""
-        sinks = self.store.reopen(escalation_id, self.saga.store.now())
+        sinks = self.store.reopen(escalation_id, self.core.store.now())
         return [sink for sink in sinks if self.send(escalation_id, sink)]
 
     def deliver(self, escalation_id: str, sink: str) -> Delivery:
         """One delivery (the ``saga.notify`` task's body): claim, send, record the outcome."""
         settings = self.settings
-        now = self.saga.store.now()
+        now = self.core.store.now()
         lease = settings.timeout + LEASE_MARGIN
         claim = self.store.claim(escalation_id, sink, now, lease, SWEEP_GRACE)
         if claim.status != "run":
@@ -151,7 +156,7 @@ class Notifier:
             if sink not in SINKS:
                 raise NotificationError(f"no sink named {sink!r} in this deploy")
             body = notification_body(
-                record, *self._timeline(record.run_id), command=command_for(self.saga)
+                record, *self._timeline(record.run_id), command=command_for(self.core.app_object)
             )
             detail = SINKS[sink](settings, body, escalation_id, claim.attempt)
         except Exception as exc:
@@ -166,7 +171,7 @@ class Notifier:
         policy = self.settings.retry
         if getattr(exc, "retryable", True) and policy.allows_another(attempt):
             countdown = policy.delay(attempt)
-            due = self.saga.store.now() + countdown + self.settings.timeout + SWEEP_GRACE
+            due = self.core.store.now() + countdown + self.settings.timeout + SWEEP_GRACE
             self.store.retry(escalation_id, sink, error, due)
             metrics.notice(sink, "retried")
             logger.warning(
@@ -193,15 +198,15 @@ class Notifier:
     def _timeline(self, run_id: str) -> tuple[RunPicture | None, RunRecord | None]:
         """Where the package's timeline comes from: the run's live picture, else its record."""
         try:
-            picture = self.saga.store.picture(run_id)
+            picture = self.core.store.picture(run_id)
         except StoreUnavailableError:
             picture = None
-        return picture, None if picture is not None else self.saga.records.run(run_id)
+        return picture, None if picture is not None else self.core.records.run(run_id)
 
     def _escalation(self, escalation_id: str) -> EscalationRecord:
         from saga.records import EscalationRecord
 
-        with Session(self.saga.records.engine, expire_on_commit=False) as session:
+        with Session(self.core.records.engine, expire_on_commit=False) as session:
             record = session.get(EscalationRecord, escalation_id)
         if record is None:
             raise NotificationError(f"no escalation {escalation_id} in the records database")

@@ -17,10 +17,11 @@ from saga.errors import NotificationError
 from saga.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from saga.engine import Saga
+    from saga.notifications.notifier import Notifier
+    from saga.notifications.settings import NotifySettings
 
 
-def install_notify_task(app: Celery, saga: Saga) -> None:
+def install_notify_task(app: Celery, notifier: Notifier) -> None:
     @app.task(
         name=NOTIFY_TASK,
         bind=True,
@@ -31,7 +32,7 @@ def install_notify_task(app: Celery, saga: Saga) -> None:
         shared=False,
     )
     def notify(self: Task, escalation_id: str, sink: str) -> dict[str, Any]:
-        delivery = saga.notifier.deliver(escalation_id, sink)
+        delivery = notifier.deliver(escalation_id, sink)
         if delivery.retry_in is not None:
             raise self.retry(exc=delivery.error, countdown=delivery.retry_in)
         if delivery.status == "failed":  # recorded; the task fails visibly too (Flower: red)
@@ -39,16 +40,16 @@ def install_notify_task(app: Celery, saga: Saga) -> None:
         return {"status": delivery.status, "detail": delivery.detail}
 
 
-def retry_policy(saga: Saga) -> RetryPolicy:
+def retry_policy(settings: NotifySettings) -> RetryPolicy:
     """The longest wait a notice's retry may ask for, for the start-up guard."""
-    return saga.settings.notifications.retry
+    return settings.retry
 
 
-def configuration_problems(saga: Saga, conf: Any) -> list[str]:
+def configuration_problems(settings: NotifySettings, conf: Any) -> list[str]:
     """A POST that may outlast the task's time limit would be killed mid-send, every time."""
     limit = float(conf.get("task_time_limit") or 0)
-    timeout = saga.settings.notifications.timeout
-    if saga.settings.notifications.webhook_url and limit and timeout >= limit:
+    timeout = settings.timeout
+    if settings.webhook_url and limit and timeout >= limit:
         return [
             f"SAGA_NOTIFY_TIMEOUT ({timeout:g}s) is not below task_time_limit ({limit:g}s): "
             "a slow webhook would be killed mid-send on every attempt"

@@ -1,59 +1,24 @@
-"""Failures injected into real workers, to exercise the code that only runs when something
-already broke: compensations, redeliveries, escalations.
-
-Rules live in Redis (``saga.constants.FAULTS_KEY``), so every worker process sees them, and
-they only exist with ``SAGA_TESTING_FAULTS=1`` set in the test and in the worker alike.
+"""The testing kit's side of fault injection: the rules a test writes for real workers, to
+exercise the code that only runs when something already broke: compensations, redeliveries,
+escalations. The points production code checks are ``saga.fault_points``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 import uuid
 from collections.abc import Iterable
 
 import redis
 
-#: Where a fault can strike in a worker: around a tool's effect or a compensation, and in a
-#: hosted turn (``tool`` is then the agent's name after the answer is recorded, and the
-#: called tool's name after each call is dispatched), and once an escalation's row is written
-#: (``tool`` is then ""), before its notices are.
-FAULT_POINTS = (
-    "before_effect",
-    "after_effect",
-    "before_compensation",
-    "after_compensation",
-    "during_model_call",
-    "after_model_answer",
-    "between_dispatches",
-    "after_loop_ended",
-    "after_escalation_recorded",
-)
-FAULTS_ENV = "SAGA_TESTING_FAULTS"
+from saga.constants import FAULT_COUNTS_KEY, FAULTS_KEY
+from saga.errors import UnknownToolError
+from saga.fault_points import FAULT_POINTS, FAULTS_ENV, FaultPoints, faults_enabled
 
-_HIT = """
-local actions = {}
-local rules = redis.call('HGETALL', KEYS[1])
-for i = 1, #rules, 2 do
-  local rule = cjson.decode(rules[i + 1])
-  if rule.point == ARGV[1] and (rule.tool == '' or rule.tool == ARGV[2]) then
-    local seen = redis.call('HINCRBY', KEYS[2], rules[i], 1)
-    if seen >= rule.nth and seen < rule.nth + rule.times then
-      table.insert(actions, rules[i + 1])
-    end
-  end
-end
-return actions
-"""
+__all__ = ["FAULTS_ENV", "FAULT_POINTS", "TOOL_POINTS", "Faults", "ToolFaults", "faults_enabled"]
 
 
-def faults_enabled() -> bool:
-    return os.environ.get(FAULTS_ENV) == "1"
-
-
-class Faults:
+class Faults(FaultPoints):
     """Failures injected into real workers, configured through Redis so every worker process
     sees them: fail a tool's Nth call before or after its effect, fail a compensation N
     times, kill the worker at a named point, delay a step.
@@ -63,17 +28,10 @@ class Faults:
     """
 
     def __init__(self, client: redis.Redis, known_tools: Iterable[str] | None = None) -> None:
-        from saga.errors import FaultInjectionDisabledError
-
-        if not faults_enabled():
-            raise FaultInjectionDisabledError(
-                f"fault injection is off: set {FAULTS_ENV}=1 (tests only, never production)"
-            )
-        self.client = client
+        super().__init__(client)
         #: The tool names ``tool()`` checks a name against (a typo would make a rule that
         #: never strikes, and a test that passes for the wrong reason).
         self.known_tools = None if known_tools is None else sorted(known_tools)
-        self._hit = client.register_script(_HIT)
 
     def fail(self, tool: str, *, nth: int = 1, times: int = 1, after_effect: bool = False) -> str:
         """Raise in ``tool`` on its ``nth`` call (and the ``times - 1`` after it)."""
@@ -102,43 +60,19 @@ class Faults:
     def tool(self, name: str) -> ToolFaults:
         """The faults of one tool, by what a test means."""
         if self.known_tools is not None and name not in self.known_tools:
-            from saga.errors import UnknownToolError
-
             known = ", ".join(self.known_tools)
             raise UnknownToolError(f"no tool {name!r} to inject faults into; known: {known}")
         return ToolFaults(self, name)
 
     def hits(self, rule_id: str) -> int:
-        from saga.constants import FAULT_COUNTS_KEY
-
         return int(self.client.hget(FAULT_COUNTS_KEY, rule_id) or 0)
 
     def clear(self) -> None:
-        from saga.constants import FAULT_COUNTS_KEY, FAULTS_KEY
-
         self.client.delete(FAULTS_KEY, FAULT_COUNTS_KEY)
-
-    def strike(self, point: str, tool: str) -> None:
-        """Called by the worker at each point; acts on the rules that match this call."""
-        from saga.constants import FAULT_COUNTS_KEY, FAULTS_KEY
-        from saga.errors import InjectedFaultError
-
-        for raw in self._hit(keys=[FAULTS_KEY, FAULT_COUNTS_KEY], args=[point, tool]):
-            rule = json.loads(raw)
-            if rule["action"] == "delay":
-                time.sleep(rule["seconds"])
-            elif rule["action"] == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif rule["action"] == "kill_worker":
-                os.killpg(os.getpgid(0), signal.SIGKILL)
-            else:
-                raise InjectedFaultError(f"injected fault at {point} of {tool} ({rule['id']})")
 
     def _add(
         self, point: str, tool: str, action: str, nth: int, times: int, seconds: float = 0.0
     ) -> str:
-        from saga.constants import FAULTS_KEY
-
         if point not in FAULT_POINTS:
             raise ValueError(f"unknown fault point {point!r}; known: {', '.join(FAULT_POINTS)}")
         if nth < 1 or times < 1:

@@ -1,0 +1,343 @@
+"""The run transitions: what moves a run from one state to the next, over the store (Redis),
+the rules (``saga.rules``) and the records (SQL).
+
+It dispatches an agent's call under the pivot rules, completes a run, aborts it, starts its
+unwind (the reverse-order chain of compensation tasks) and concludes it: the fenced state
+change, then its SQL records, retried (by the reaper if need be) until they are written; the
+run's keys expire only after that. Ends are announced to the ``RunListener``s (the hosted
+loop, the notifier) and the app's ``SagaHooks``; the core imports neither.
+
+Every moving part (the worker, the reaper, ``Run``, the operations, the notifier, the start-up
+guard, the hosted loop) depends on this, never on the ``Saga`` facade that builds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+from typing import Any
+
+from celery import Celery
+from sqlalchemy.exc import SQLAlchemyError
+
+from saga import metrics, rules, telemetry
+from saga.dispatch import Dispatcher
+from saga.effects import encode_effect
+from saga.errors import (
+    RunContendedError,
+    RunEndedError,
+    StaleRecordError,
+    StepsInFlightError,
+    UnknownRunError,
+)
+from saga.fault_points import FaultPoints, faults_enabled
+from saga.hooks import RunListener, SagaHooks
+from saga.model import RunState
+from saga.picture import RunPicture
+from saga.records import EscalationRecord, RecordStore
+from saga.settings import Settings
+from saga.stack import RunStore
+from saga.tool_hosts import CallerTools
+from saga.tools import Tool, ToolRegistry
+from saga.unwind import send_chain, unwind_chain
+
+logger = logging.getLogger("saga")
+
+#: How often a conclusion re-reads a run that changed under it before leaving it to the reaper.
+_CONCLUDE_ATTEMPTS = 100
+#: Seconds a delivery's lease outlasts its hard time limit: time to record its outcome.
+LEASE_MARGIN_SECONDS = 2.0
+#: The lease when the app sets no time limit (the start-up guard refuses that on Redis).
+_DEFAULT_TIME_LIMIT = 300.0
+#: Seconds past a run's retention before the reaper checks its keys are gone.
+_EXPIRY_MARGIN = 60.0
+
+
+class Core(Dispatcher):
+    """The transitions of one application's runs, over its store, rules and records."""
+
+    def __init__(
+        self, app: Celery, registry: ToolRegistry, settings: Settings, hooks: SagaHooks
+    ) -> None:
+        self.app = app
+        self.registry = registry
+        self.settings = settings
+        self.hooks = hooks
+        self.store = RunStore.from_url(
+            settings.redis_url, settings.retention_seconds, **settings.redis_options
+        )
+        self._records: RecordStore | None = None
+        self._records_lock = threading.Lock()
+        #: Publish options by task name (``_publish_options``), worked out on first use.
+        self._publish_extra: dict[str, dict[str, Any]] = {}
+        #: Fault injection for tests; None unless SAGA_TESTING_FAULTS=1 is set explicitly.
+        self.faults: FaultPoints | None = None
+        if faults_enabled():
+            self.faults = FaultPoints(self.store.client)
+        #: Told when steps settle, when the reaper finds a run idle and when a run escalates
+        #: (the hosted loop, the notifier: the facade registers them).
+        self.listeners: list[RunListener] = []
+        #: What this caller knows against what the workers run (``saga.tool_hosts``).
+        self.caller_tools = CallerTools(self.store.client, lambda: [t.name for t in registry])
+        #: The object the app's module holds (its ``Saga``, which sets this): what a printed
+        #: ``saga --app module:attr`` command names (``saga.escalations.invocation``).
+        self.app_object: object = self
+
+    @property
+    def records(self) -> RecordStore:
+        """Created on first use, so importing the app never touches the database."""
+        with self._records_lock:
+            if self._records is None:
+                self._records = RecordStore(
+                    self.settings.database_url, upgrade=self.settings.database_auto_upgrade
+                )
+            return self._records
+
+    def step_settled(self, run_id: str, step: int, turn_done: int | None = None) -> None:
+        """The worker recorded a step's outcome: tell the listeners. Never raises: a lost
+        notice is repeated by the step's redelivery, or found by the reaper.
+
+        ``turn_done``: what the script that recorded it found about the hosted turn the step
+        belongs to (the turn it completed, or 0), or None if it did not look."""
+        for listener in self.listeners:
+            try:
+                listener.step_settled(run_id, step, turn_done)
+            except Exception:
+                logger.exception("run %s: listener failed on step %d settling", run_id, step)
+
+    def revive_idle(self, run_id: str) -> bool:
+        """The reaper's question before abandoning an idle run: does a listener resume it?"""
+        for listener in self.listeners:
+            try:
+                if listener.run_idle(run_id):
+                    return True
+            except Exception:
+                logger.exception("run %s: listener failed to revive it", run_id)
+        return False
+
+    def picture(self, run_id: str) -> RunPicture:
+        picture = self.store.picture(run_id)
+        if picture is None:
+            raise UnknownRunError(f"no run {run_id}")
+        return picture
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long one delivery of a task may still be running: its hard time limit (the
+        start-up guard insists on one), plus a margin for the worker to record the outcome."""
+        limit = float(self.app.conf.get("task_time_limit") or _DEFAULT_TIME_LIMIT)
+        return limit + LEASE_MARGIN_SECONDS
+
+    # -- ending ---------------------------------------------------------------------------
+
+    def complete(self, run_id: str) -> RunPicture:
+        # Concluded and read back in one round trip; the picture recorded is the one returned.
+        outcome, picture = self.store.complete(run_id)
+        if outcome.status == "unknown" or picture is None:
+            raise UnknownRunError(f"no run {run_id}")
+        if outcome.status == "ended":
+            self._record_if_pending(run_id)
+            raise RunEndedError(run_id, str(outcome.values[0]))
+        if outcome.status == "inflight":
+            raise StepsInFlightError(run_id, sorted(int(s) for s in outcome.values))
+        if outcome.status != "ok":  # refused (logged by the script's table check): as it is
+            return self.picture(run_id)
+        # Whoever waits for this run's end is this caller: no signal to send.
+        recorded = self._record_or_leave_to_reaper(run_id, picture, notify=False)
+        return recorded or self.picture(run_id)
+
+    def fail_to_start(self, run_id: str, reason: str) -> bool:
+        """End a running run that never reserved a step (``failed_to_start``): nothing ran,
+        so there is nothing to undo. False if it had begun (abort it instead)."""
+        outcome = self.store.conclude(run_id, RunState.FAILED_TO_START, reason)
+        if outcome.status == "ended":
+            raise RunEndedError(run_id, str(outcome.values[0]))
+        if outcome.status != "ok":
+            return False
+        self._record_or_leave_to_reaper(run_id)
+        return True
+
+    def abort(self, run_id: str, reason: str, *, version: str = "") -> bool:
+        """Unwind the run (or escalate, past its pivot). ``version``: only if the run has not
+        moved on since it was read at that version (the reaper's stale-read fence); False
+        when it had."""
+        outcome = self.store.abort(run_id, f"aborted: {reason}", version)
+        if outcome.status == "moved":
+            return False
+        if outcome.status == "unknown":
+            raise UnknownRunError(f"no run {run_id}")
+        if outcome.status == "ended":
+            raise RunEndedError(run_id, str(outcome.values[0]))
+        if outcome.owns_unwind:
+            self.start_unwind(run_id, "abort")
+        return True
+
+    def start_unwind(self, run_id: str, owner: str) -> bool:
+        """Queue the compensations still to run, most recent first, as one Celery chain ending
+        in ``saga.conclude_unwind`` (which the last compensation's task makes itself when it
+        can: ``saga.worker``); past the pivot, conclude at once (escalate, no unwinding).
+
+        Only the owner of the unwind calls this. It sends first and marks sent after, so a
+        crash in between makes the redelivered owner send again (the compensations check
+        their recorded state and lease before running), never zero times. False when the
+        broker refused the chain (logged; the reaper sends it at the run's deadline).
+        """
+        picture = self.picture(run_id)
+        if picture.pivot_step is not None:
+            self.conclude(run_id, owner)
+            return True
+        signatures = unwind_chain(
+            self.app, self.registry, self.store, picture, owner, self._publish_options
+        )
+        try:
+            send_chain(signatures)
+        except Exception as exc:
+            # Nothing is lost: the run stays unwinding, owned and not sent, so the reaper
+            # takes it over at its deadline and sends it again.
+            logger.error(
+                "run %s: the broker did not take its unwind (%r); the reaper will", run_id, exc
+            )
+            return False
+        self.store.mark_sent(run_id, owner)
+        metrics.stack_depth(len(picture.stack))
+        logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
+        return True
+
+    def conclude(self, run_id: str, owner: str = "", sent_at: float | None = None) -> RunState:
+        """End an unwinding run: compensated, or escalated with the whole picture.
+
+        ``owner`` is the unwind whose chain concludes: a chain the reaper has since replaced
+        (its owner died, then its messages came back late) must not end the run early. An
+        undo pushed after the chain was sent (an effect that landed late) is sent first.
+        ``sent_at``: when the chain was sent (Redis clock), to time the unwind.
+
+        The verdict is judged on one reading of the run and concluded only if the run is still
+        at that version; the record is then written from the same reading, with what the
+        conclusion changed, instead of reading the run again."""
+        for _ in range(_CONCLUDE_ATTEMPTS):
+            picture = self.picture(run_id)
+            if picture.state.ended:
+                self._record_if_pending(run_id)
+                return picture.state
+            if picture.state is not RunState.UNWINDING:
+                return picture.state
+            state, reason = rules.conclusion(picture)
+            reason = reason or picture.reason
+            outcome = self.store.conclude(run_id, state, reason, owner, picture.version)
+            if outcome.status != "moved":
+                break
+        else:
+            raise RunContendedError(
+                f"run {run_id} kept changing; its conclusion is left to the reaper"
+            )
+        if outcome.status == "pending":
+            logger.warning("run %s: undo(s) %s still to run; sending them", run_id, outcome.values)
+            self.start_unwind(run_id, owner)
+            return RunState.UNWINDING
+        if outcome.status == "stale":
+            logger.info("run %s: a stale unwind (%s) does not conclude", run_id, owner)
+        if outcome.status != "ok":
+            return self.picture(run_id).state
+        if sent_at is not None:
+            metrics.unwind_ended(state.value, self.store.now() - sent_at)
+        version, ended, reason, cause = (str(v) for v in outcome.values[:4])
+        concluded = replace(
+            picture,
+            state=state,
+            reason=reason,
+            cause=cause,
+            ended=float(ended),
+            updated=float(ended),
+            version=version,
+            recorded=False,
+            resolution=None,  # a resolution holds only at the version it was made at
+        )
+        self._record_or_leave_to_reaper(run_id, concluded)
+        return state
+
+    def record_end(
+        self, run_id: str, picture: RunPicture | None = None, notify: bool = True
+    ) -> RunPicture | None:
+        """Write an ended run's SQL records (and an escalation's row), call the hooks, then let
+        its Redis keys expire. Until this succeeds the run stays unrecorded and the reaper
+        tries again: Redis and SQL never end up telling different stories.
+
+        ``picture``: the run as just read (not read again); its version fences the record, so
+        a run that moved on since keeps its keys. ``notify``: wake ``Run.wait()``. Returns the
+        picture recorded, or None."""
+        picture = picture or self.picture(run_id)
+        if not picture.state.ended:
+            return None
+        try:
+            escalation = self.records.record_outcome(picture)
+        except StaleRecordError as exc:  # read before the run moved on; its newer record stands
+            logger.info("run %s: %s", run_id, exc)
+            return None
+        if escalation is not None and not escalation.resolved:  # resolved: nobody to tell
+            self.escalated(escalation)
+        self._call_hook(self.hooks.on_run_ended, picture, picture.state.value, picture.reason)
+        if not self.store.mark_recorded(run_id, picture.version, notify):
+            return None
+        metrics.run_ended(picture.state.value)
+        telemetry.run_ended(picture)
+        # Look again when the keys have expired, to drop the run from the index.
+        expiry = self.store.now() + self.store.retention_seconds + _EXPIRY_MARGIN
+        self.store.schedule(run_id, expiry)
+        return replace(picture, recorded=True)
+
+    def escalated(self, escalation: EscalationRecord) -> None:
+        """A person must take over: the ERROR log and the notices (``saga.notifications``),
+        then the hook. Called before the run counts as recorded: a crash in here leaves it
+        unrecorded, so it is recorded again and the notices are written then."""
+        if self.faults is not None:
+            self.faults.strike("after_escalation_recorded", "")
+        self.announce_escalation(escalation)
+        self._call_hook(self.hooks.on_escalation, escalation)
+
+    def announce_escalation(self, escalation: EscalationRecord) -> None:
+        """Tell the listeners (the notifier writes and sends its notices). What they raise is
+        not caught: the recording is then unfinished, and done again."""
+        for listener in self.listeners:
+            listener.run_escalated(escalation)
+
+    def _record_if_pending(self, run_id: str) -> None:
+        picture = self.store.picture(run_id)
+        if picture is not None and picture.state.ended and not picture.recorded:
+            self._record_or_leave_to_reaper(run_id)
+
+    def _record_or_leave_to_reaper(
+        self, run_id: str, picture: RunPicture | None = None, notify: bool = True
+    ) -> RunPicture | None:
+        try:
+            return self.record_end(run_id, picture, notify)
+        except SQLAlchemyError as exc:
+            # The run has ended in Redis; its keys stay until the record is written, and the
+            # reaper's next pass tries again.
+            logger.error("run %s: record not written yet (%s); the reaper retries", run_id, exc)
+            self.store.schedule(run_id, self.store.now())
+            return None
+
+    def landed_late(self, run_id: str) -> None:
+        """An effect landed after its step was judged and its run ended: the run is reopened
+        (unwinding, or escalated with the undo on its stack). Put it back under the reaper's
+        eye and record the new picture."""
+        logger.error("run %s: an effect landed after the run ended", run_id)
+        view = self.store.head(run_id)
+        if view is not None:
+            self.store.schedule(run_id, self.store.now() + view.deadline)
+        if view is not None and view.state.ended:
+            self.record_end(run_id)
+
+    def encode_effect(
+        self, tool: Tool, run_id: str, step: int, args: dict[str, Any], result: Any
+    ) -> tuple[str, str, dict[str, Any] | None]:
+        """The result and the undo as stored (``saga.effects``), within this app's limit."""
+        limit = self.settings.max_payload_bytes
+        return encode_effect(self.registry, limit, tool, run_id, step, args, result)
+
+    def _call_hook(self, hook: Any, *args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception:
+            logger.exception("saga hook %s failed", getattr(hook, "__name__", hook))

@@ -1,0 +1,146 @@
+"""The dispatcher: one agent-chosen call becomes a Celery task, under the pivot rules, or is
+refused having changed nothing.
+
+The step is reserved in Redis first (one script judges the call against the run's rules and
+records it), then its message is published. A publish that raises releases the step again,
+unless a worker began it meanwhile (the message did get through): calling again would then make
+a second step, so the caller gets the step as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+
+from saga import payload, rules
+from saga.constants import tool_task_name
+from saga.errors import DispatchError, RunContendedError, RunEndedError, UnknownRunError
+from saga.model import StepState, ToolClass
+from saga.settings import Settings
+from saga.stack import RunStore
+from saga.tool_hosts import CallerTools
+from saga.tools import ToolRegistry
+from saga.transport import declares_nothing
+
+logger = logging.getLogger("saga")
+
+#: How often the dispatcher re-reads a run that changed under it before giving up.
+_RESERVE_ATTEMPTS = 100
+#: Characters of a step's arguments shown in Flower (Celery's own repr limit).
+_REPR = 1024
+
+
+class Dispatcher:
+    """The dispatch half of ``saga.core.Core`` (a mixin over its app, registry and store)."""
+
+    app: Celery
+    registry: ToolRegistry
+    settings: Settings
+    store: RunStore
+    caller_tools: CallerTools
+    #: Publish options by task name (``_publish_options``), worked out on first use.
+    _publish_extra: dict[str, dict[str, Any]]
+
+    def start_unwind(self, run_id: str, owner: str) -> bool:
+        raise NotImplementedError  # the core's: a released step may own the run's unwind
+
+    def dispatch(
+        self,
+        run_id: str,
+        tool_name: str,
+        args: dict[str, Any],
+        *,
+        marker: str = "",
+        feed_back_failure: bool = False,
+    ) -> int:
+        """Turn one agent-chosen call into a Celery task, or refuse it having changed nothing;
+        returns its step (``Run.call`` hands out its ``StepHandle``).
+
+        ``marker`` (the hosted loop's ``<turn>:<call>``) is recorded with the step when it is
+        reserved: dispatching the same marker again returns that step, sending its message
+        again only if no delivery has begun it (the task's check-before-run makes a second
+        message a replay). ``feed_back_failure``: a final failure is ``rejected``, not an
+        unwind (the agent tells the model)."""
+        tool = self.registry.offered(tool_name)
+        assert tool.tool_class is not None
+        self.caller_tools.check(tool_name)
+        wire_args = tool.validate(args)
+        args_json = payload.dumps(
+            wire_args, what=f"arguments of {tool_name}", limit=self.settings.max_payload_bytes
+        )
+        on_failure = "feed_back" if feed_back_failure else ""
+        step, fresh = self._reserve(
+            run_id, tool_name, tool.tool_class, args_json, marker, on_failure
+        )
+        if not fresh and self.store.step_outcome(run_id, step)[0] != StepState.DISPATCHED:
+            return step  # begun or settled already
+        try:
+            self.app.send_task(
+                tool_task_name(tool_name),
+                kwargs={"run_id": run_id, "step": step, "args": wire_args},
+                task_id=f"{run_id}:{step}",
+                # The outcome lives in the saga store: no result backend subscription (a
+                # SUBSCRIBE and an UNSUBSCRIBE per step). What Flower shows of the arguments is
+                # the JSON already encoded, not a second, recursive repr of them.
+                ignore_result=True,
+                argsrepr="()",
+                kwargsrepr=f"{{'run_id': {run_id!r}, 'step': {step}, 'args': {args_json[:_REPR]}}}",
+                **self._publish_options(tool_task_name(tool_name)),
+            )
+        except Exception as exc:
+            error = {"type": type(exc).__name__, "message": str(exc)}
+            released = self.store.release(run_id, step, error)
+            if released.status == "started":
+                # The publish raised, yet the message got through and a worker began the step:
+                # the truth is "it is running", and calling again would make a second step.
+                logger.warning(
+                    "run %s step %d (%s): the broker raised %r but the step is %s; "
+                    "returning its handle",
+                    run_id,
+                    step,
+                    tool_name,
+                    exc,
+                    released.values[0],
+                )
+                return step
+            if released.owns_unwind:
+                self.start_unwind(run_id, f"step:{step}")
+            raise DispatchError(f"the broker did not take {tool_name}: {exc}") from exc
+        return step
+
+    def _publish_options(self, task: str) -> dict[str, Any]:
+        """What a message of ``task`` is published with besides its own: no declaration of a
+        queue the publish does not need declared (``saga.transport.declares_nothing``)."""
+        options = self._publish_extra.get(task)
+        if options is None:
+            skip = declares_nothing(self.app, task)
+            options = self._publish_extra[task] = {"declare": []} if skip else {}
+        return options
+
+    def _reserve(
+        self,
+        run_id: str,
+        tool_name: str,
+        tool_class: ToolClass,
+        args_json: str,
+        marker: str,
+        on_failure: str,
+    ) -> tuple[int, bool]:
+        """The step reserved, and whether it is new (False: the marker's earlier step)."""
+        gate = rules.gate_for(tool_class)
+        for _ in range(_RESERVE_ATTEMPTS):
+            outcome = self.store.reserve(
+                run_id, tool_name, tool_class, args_json, gate, marker, on_failure
+            )
+            if outcome.status in ("ok", "dup"):
+                return int(outcome.values[0]), outcome.status == "ok"
+            if outcome.status == "ended":
+                raise RunEndedError(run_id, str(outcome.values[0]))
+            view = self.store.view(run_id)
+            if outcome.status == "unknown" or view is None:
+                raise UnknownRunError(f"no run {run_id}")
+            # Refused: say exactly why, from a fresh view (if it moved on meanwhile, retry).
+            rules.check_call(view, tool_name, tool_class)
+        raise RunContendedError(f"run {run_id} kept changing; call {tool_name} again")

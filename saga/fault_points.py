@@ -1,0 +1,84 @@
+"""The points where a test may make a worker fail, as production code checks them.
+
+The worker, the hosted loop and the recording of an escalation each call ``strike`` at their
+points; it is a no-op object unless ``SAGA_TESTING_FAULTS=1`` is set, in the test and in the
+worker alike. The rules live in Redis (``saga.constants.FAULTS_KEY``), so every worker process
+sees them; ``saga.testing.Faults`` is the testing kit that writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import redis
+
+from saga.constants import FAULT_COUNTS_KEY, FAULTS_KEY
+from saga.errors import FaultInjectionDisabledError, InjectedFaultError
+
+#: Where a fault can strike in a worker: around a tool's effect or a compensation, and in a
+#: hosted turn (``tool`` is then the agent's name after the answer is recorded, and the
+#: called tool's name after each call is dispatched), and once an escalation's row is written
+#: (``tool`` is then ""), before its notices are.
+FAULT_POINTS = (
+    "before_effect",
+    "after_effect",
+    "before_compensation",
+    "after_compensation",
+    "during_model_call",
+    "after_model_answer",
+    "between_dispatches",
+    "after_loop_ended",
+    "after_escalation_recorded",
+)
+FAULTS_ENV = "SAGA_TESTING_FAULTS"
+
+_HIT = """
+local actions = {}
+local rules = redis.call('HGETALL', KEYS[1])
+for i = 1, #rules, 2 do
+  local rule = cjson.decode(rules[i + 1])
+  if rule.point == ARGV[1] and (rule.tool == '' or rule.tool == ARGV[2]) then
+    local seen = redis.call('HINCRBY', KEYS[2], rules[i], 1)
+    if seen >= rule.nth and seen < rule.nth + rule.times then
+      table.insert(actions, rules[i + 1])
+    end
+  end
+end
+return actions
+"""
+
+
+def faults_enabled() -> bool:
+    return os.environ.get(FAULTS_ENV) == "1"
+
+
+class FaultPoints:
+    """Acts on the rules that match a point a worker reached.
+
+    It refuses to exist unless ``SAGA_TESTING_FAULTS=1`` is set, so it cannot be switched on in
+    production by a stray call.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        if not faults_enabled():
+            raise FaultInjectionDisabledError(
+                f"fault injection is off: set {FAULTS_ENV}=1 (tests only, never production)"
+            )
+        self.client = client
+        self._hit = client.register_script(_HIT)
+
+    def strike(self, point: str, tool: str) -> None:
+        """Called by the worker at each point; acts on the rules that match this call."""
+        for raw in self._hit(keys=[FAULTS_KEY, FAULT_COUNTS_KEY], args=[point, tool]):
+            rule = json.loads(raw)
+            if rule["action"] == "delay":
+                time.sleep(rule["seconds"])
+            elif rule["action"] == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif rule["action"] == "kill_worker":
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+            else:
+                raise InjectedFaultError(f"injected fault at {point} of {tool} ({rule['id']})")
