@@ -148,9 +148,11 @@ class Run:
         Whether its final failure is fed back or unwinds the run is decided here, when the
         step is reserved (``on_failure``), so the worker that fails it knows."""
         feed_back = failure_mode(self.core.registry.offered(tool), self.on_failure)
-        step = self.core.dispatch(
-            self.run_id, tool, args, feed_back_failure=feed_back is OnFailure.FEED_BACK
-        )
+        return self.dispatch(tool, args, feed_back_failure=feed_back is OnFailure.FEED_BACK)
+
+    def dispatch(self, tool: str, args: dict[str, Any], *, feed_back_failure: bool) -> StepHandle:
+        """``call`` with its failure mode chosen by the caller (an integration has its own)."""
+        step = self.core.dispatch(self.run_id, tool, args, feed_back_failure=feed_back_failure)
         return StepHandle(self.core, self.run_id, step, tool)
 
     def state(self) -> RunState:

@@ -31,7 +31,7 @@ from saga.errors import (
 )
 from saga.model import OnFailure, ToolClass
 from saga.rules import check_on_failure, failure_mode
-from saga.runs import Run, StepHandle
+from saga.runs import Run
 from saga.tools import Tool
 
 #: The dispatcher's refusals: nothing was reserved, nothing was sent, and the model can fix each.
@@ -101,8 +101,7 @@ class ToolBridge:
             return Refusal(f"unknown tool {name!r}; you may call: {known}")
         feed_back = failure_mode(tool, self._on_failure) is OnFailure.FEED_BACK
         try:
-            step = self.run.core.dispatch(self.run.run_id, name, args, feed_back_failure=feed_back)
-            handle = StepHandle(self.run.core, self.run.run_id, step, name)
+            handle = self.run.dispatch(name, args, feed_back_failure=feed_back)
         except _REFUSED as exc:
             return Refusal(str(exc))
         try:

@@ -96,7 +96,7 @@ class Deployment:
             worker.stop()
         if self.saga is not None:
             self.saga.store.client.close()
-            if self.saga._records is not None:
+            if self.saga.core._records is not None:
                 self.saga.records.dispose()
         self.redis.stop()
 

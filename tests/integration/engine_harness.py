@@ -140,14 +140,16 @@ class Harness:
     def deliver(self, message: Message) -> Any:
         """Run one delivery as a worker would; exceptions are the task's outcome."""
         if message.name == CONCLUDE_UNWIND_TASK:
-            return self.saga.conclude(message.kwargs["run_id"], message.kwargs.get("owner", ""))
+            return self.saga.core.conclude(
+                message.kwargs["run_id"], message.kwargs.get("owner", "")
+            )
         tool = self.registry.get(message.name.removeprefix("tools."))
         task = FakeTask(self, message)
         kwargs = message.kwargs
         try:
             if kwargs.get("compensates") is not None:
                 result = _compensate(
-                    self.saga,
+                    self.saga.core,
                     task,
                     tool,
                     kwargs["run_id"],
@@ -156,7 +158,7 @@ class Harness:
                 )
             else:
                 result = _forward(
-                    self.saga,
+                    self.saga.core,
                     task,
                     tool,
                     kwargs["run_id"],
@@ -194,7 +196,7 @@ class Harness:
             client.delete(*run_keys(run_id))
             client.zrem(ACTIVE_RUNS_KEY, run_id)
         client.close()
-        if self.saga._records is not None:
+        if self.saga.core._records is not None:
             self.saga.records.dispose()
 
 

@@ -85,6 +85,11 @@ GATE = _Gate()
 NO_IDS = _NoIds()
 
 
+def play(world: Saga, run_id: str, turn: int) -> Again | None:
+    """The turn task's body, played in this process."""
+    return run_turn(world.core, world.agents, run_id, turn)
+
+
 @pytest.fixture(scope="module")
 def hosted(demo_app: Any, worker: Any) -> Iterator[Saga]:
     """The session's saga with this module's agents (played only here, never by a worker)."""
@@ -141,16 +146,16 @@ def test_a_final_answer_recorded_before_a_crash_completes_the_run(
     """The worker dies between recording the loop's end and completing the run: the turn's
     redelivery, or else the reaper past the deadline, completes it. Nothing is unwound."""
     run_id = start(world, "review_credit_then_done")
-    assert run_turn(world, run_id, 1) is None
+    assert play(world, run_id, 1) is None
     settled(world, run_id)
 
     with monkeypatch.context() as patch:
         patch.setattr(world, "complete", lambda run_id: (_ for _ in ()).throw(_ProcessDeath()))
         with pytest.raises(_ProcessDeath):
-            run_turn(world, run_id, 2)
+            play(world, run_id, 2)
     assert world.picture(run_id).state is RunState.RUNNING
     if recovered_by == "redelivery":
-        assert run_turn(world, run_id, 2) is None
+        assert play(world, run_id, 2) is None
     else:
         report = world.reap(now=world.store.now() + world.picture(run_id).deadline + 5)
         assert run_id in report.resumed and run_id not in report.abandoned
@@ -168,17 +173,17 @@ def test_a_model_call_longer_than_its_lease_is_asked_once(
     monkeypatch.setattr(Saga, "lease_seconds", property(lambda self: 0.6))
     GATE.asked, GATE.answer = 0, threading.Event()
     run_id = start(world, "review_thinker")
-    first = threading.Thread(target=run_turn, args=(world, run_id, 1), daemon=True)
+    first = threading.Thread(target=play, args=(world, run_id, 1), daemon=True)
     first.start()
     wait_until(lambda: GATE.asked == 1, 10, "the model to be asked")
 
     time.sleep(3.0)  # five lease lengths
-    second = run_turn(world, run_id, 1)
+    second = play(world, run_id, 1)
     GATE.answer.set()
     first.join(10)
 
     assert second == Again(2.0, model_attempt=False)
-    assert run_turn(world, run_id, 1) is None  # the redelivery after its wait: a replay
+    assert play(world, run_id, 1) is None  # the redelivery after its wait: a replay
     assert GATE.asked == 1
     state = LoopState.parse(world.picture(run_id).agent)
     assert state is not None and state.asked == {1: 1} and state.model_calls == 1
@@ -191,7 +196,7 @@ def test_an_answer_that_comes_after_the_run_ended_is_not_kept(world: Saga) -> No
     written into the ended run, so Redis and its SQL record keep telling the same story."""
     GATE.asked, GATE.answer = 0, threading.Event()
     run_id = start(world, "review_thinker")
-    first = threading.Thread(target=run_turn, args=(world, run_id, 1), daemon=True)
+    first = threading.Thread(target=play, args=(world, run_id, 1), daemon=True)
     first.start()
     wait_until(lambda: GATE.asked == 1, 10, "the model to be asked")
 
@@ -242,9 +247,9 @@ def test_the_lease_of_an_asker_that_died_runs_out_and_the_turn_is_asked_again(
     run_id = start(world, "review_credit_then_done")
     assert world.store.ask_model(run_id, 1, 0.3, "a-delivery-that-died") == "ok"
 
-    assert run_turn(world, run_id, 1) == Again(2.0, model_attempt=False)
+    assert play(world, run_id, 1) == Again(2.0, model_attempt=False)
     time.sleep(0.4)
-    assert run_turn(world, run_id, 1) is None
+    assert play(world, run_id, 1) is None
 
     state = LoopState.parse(world.picture(run_id).agent)
     assert state is not None and state.asked == {1: 2} and 1 in state.answers
@@ -256,9 +261,9 @@ def test_tool_calls_without_ids_are_given_ids_and_answered(world: Saga) -> None:
     runs once, each result pairs with its call, and the run is not unwound."""
     NO_IDS.requests.clear()
     run_id = start(world, "review_no_ids")
-    assert run_turn(world, run_id, 1) is None
+    assert play(world, run_id, 1) is None
     settled(world, run_id)
-    assert run_turn(world, run_id, 2) is None
+    assert play(world, run_id, 2) is None
 
     picture = world.picture(run_id)
     assert picture.state is RunState.COMPLETED
@@ -318,7 +323,7 @@ def test_refusals_requests_and_advances_are_progress(world: Saga) -> None:
 def test_a_failing_run_lists_no_pending_approvals(world: Saga) -> None:
     """Once the run unwinds, nobody can approve its calls: none is listed as pending."""
     run_id = start(world, "review_approver")
-    assert run_turn(world, run_id, 1) is None
+    assert play(world, run_id, 1) is None
     picture = world.picture(run_id)
     assert [a["id"] for a in (document(picture) or {})["pending_approvals"]] == ["1:0"]
 
@@ -340,7 +345,7 @@ def test_a_turn_asked_too_often_waits_for_a_model_call_still_running(world: Saga
     it (the limit is judged under the asking lease). Found by the hosted model check."""
     GATE.asked, GATE.answer = 0, threading.Event()
     run_id = start(world, "review_thinker")
-    first = threading.Thread(target=run_turn, args=(world, run_id, 1), daemon=True)
+    first = threading.Thread(target=play, args=(world, run_id, 1), daemon=True)
     first.start()
     wait_until(lambda: GATE.asked == 1, 10, "the model to be asked")
     # Earlier deliveries died or were rate-limited asking: the count is at its limit.
@@ -348,7 +353,7 @@ def test_a_turn_asked_too_often_waits_for_a_model_call_still_running(world: Saga
     most += world.settings.max_redeliveries
     world.store.client.hset(agent_key(run_id), "1:asked", most)
 
-    second = run_turn(world, run_id, 1)
+    second = play(world, run_id, 1)
     assert second == Again(2.0, model_attempt=False)
     assert world.picture(run_id).state is RunState.RUNNING
     GATE.answer.set()
@@ -376,10 +381,10 @@ def test_a_lost_reply_of_the_loops_abort_still_sends_the_unwind(
     with monkeypatch.context() as patch:
         patch.setattr(world.store, "abort", lost)
         with pytest.raises(StoreUnavailableError):
-            run_turn(world, run_id, 1)
+            play(world, run_id, 1)
     assert world.picture(run_id).state is RunState.UNWINDING
 
-    assert run_turn(world, run_id, 1) is None  # the replay (play_turn, or a redelivery)
+    assert play(world, run_id, 1) is None  # the replay (play_turn, or a redelivery)
     wait_until(
         lambda: world.picture(run_id).state is RunState.COMPENSATED,
         20,

@@ -17,6 +17,7 @@ import redis
 from saga import RunState, StepFailedError
 from saga.notifications import SCHEMA_VERSION, NoticeRecord, NoticeState, NotifySettings
 from saga.notifications.notifier import SWEEP_GRACE
+from saga.testing import Faults
 from tasks import systems
 from tests.integration.deployment import Deployment, deployment
 from tests.integration.helpers import CREDIT, EMAIL, ORDER, TICKET, wait_until
@@ -55,7 +56,7 @@ def saga(private: Deployment) -> Iterator[Any]:
     yield private.saga
     systems.clear_switches()
     if private.saga.faults is not None:
-        private.saga.faults.clear()
+        Faults(private.saga.store.client).clear()
 
 
 @pytest.fixture
@@ -234,7 +235,7 @@ def test_a_worker_killed_after_recording_the_escalation_still_sends_the_notice(
 ) -> None:
     # Given a worker that dies (the whole of it) right after writing an escalation's row
     assert saga.faults is not None
-    saga.faults.kill("after_escalation_recorded", whole_worker=True)
+    Faults(saga.store.client).kill("after_escalation_recorded", whole_worker=True)
     run_id = f"kill-{uuid.uuid4().hex[:8]}"
     escalation_id = escalate_on_the_worker(saga, run_id, wait=False)
     first = private.worker

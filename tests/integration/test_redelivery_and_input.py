@@ -201,4 +201,4 @@ def test_abort_during_unwinding_and_calls_on_an_unknown_run_are_refused(saga: An
     from saga.runs import Run
 
     with pytest.raises(UnknownRunError, match="no-such-run"):
-        Run(saga, "no-such-run").call("get_order", order_id=ORDER)
+        Run(saga.core, "no-such-run").call("get_order", order_id=ORDER)

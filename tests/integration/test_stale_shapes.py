@@ -100,7 +100,7 @@ def test_stale_undos_and_messages_are_found_and_current_ones_are_not(deploy: Dep
         assert held is not None and held.headers["task"] == "tools.issue_credit"
 
         # When the deployment is scanned
-        scan = stale_shapes(deploy.saga)
+        scan = stale_shapes(deploy.saga.core)
         channel.basic_reject(held.delivery_tag, requeue=True)
 
     # Then each stale shape is named, where it is and why, and nothing else
@@ -120,7 +120,7 @@ def test_a_scan_past_its_cap_says_what_it_left(deploy: Deploy) -> None:
     deploy.saga.app.send_task("tools.void_credit", kwargs={"run_id": "r", "step": 1, "args": {}})
     deploy.saga.app.send_task("tools.void_credit", kwargs={"run_id": "r", "step": 2, "args": {}})
 
-    scan = stale_shapes(deploy.saga, max_runs=2, max_messages=1)
+    scan = stale_shapes(deploy.saga.core, max_runs=2, max_messages=1)
 
     assert scan.runs == 2 and scan.messages == 1 and len(scan.stale) == 1
     assert scan.not_scanned == [

@@ -85,7 +85,7 @@ def test_a_conclusion_that_cannot_be_made_after_the_last_undo_is_sent_as_before(
 ) -> None:
     # Given an aborted run, and the stack's Redis away for the conclusion after the last undo
     run_id, _, _ = aborted_with_two_credits(h)
-    real = h.saga.conclude
+    real = h.saga.core.conclude
     refusals = []
 
     def away_once(*args: object, **kwargs: object) -> RunState:
@@ -94,7 +94,7 @@ def test_a_conclusion_that_cannot_be_made_after_the_last_undo_is_sent_as_before(
             raise StoreUnavailableError("saga store unreachable (conclude): injected")
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(h.saga, "conclude", away_once)
+    monkeypatch.setattr(h.saga.core, "conclude", away_once)
     # When the two reversals are delivered
     delivered = deliver_all(h)
     # Then the conclusion went as a message of its own, which concluded the run
@@ -111,17 +111,17 @@ def test_a_last_undo_redelivered_after_a_death_before_concluding_concludes_once(
     run_id, first, second = aborted_with_two_credits(h)
     h.deliver(h.take(REVERSE, compensates=second))
     last = h.take(REVERSE, compensates=first)
-    real = h.saga.conclude
+    real = h.saga.core.conclude
 
     def dies(*args: object, **kwargs: object) -> RunState:
         raise SystemExit("worker killed")
 
-    monkeypatch.setattr(h.saga, "conclude", dies)
+    monkeypatch.setattr(h.saga.core, "conclude", dies)
     with pytest.raises(SystemExit):
         h.deliver(last)
     assert h.saga.picture(run_id).state is RunState.UNWINDING
     # When the message is delivered again
-    monkeypatch.setattr(h.saga, "conclude", real)
+    monkeypatch.setattr(h.saga.core, "conclude", real)
     h.deliver(last)
     # Then the redelivery replays the undo (not applied twice) and concludes the run
     assert h.queue == []

@@ -586,7 +586,7 @@ class Chaos:
             self.client.store.client.close()
         if self.saga is not None:
             self.saga.store.client.close()
-            if self.saga._records is not None:
+            if self.saga.core._records is not None:
                 self.saga.records.dispose()
         if self.ledger is not None:
             self.ledger.client.close()

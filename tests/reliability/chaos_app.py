@@ -451,7 +451,7 @@ def chaos_policy(transcript: Transcript, tools: Any) -> ModelTurn:
         # A call that outlasts its lease's first length: without renewals another delivery
         # could ask now. The plan may kill the asker here, once that length has passed.
         seconds = float(long["seconds"])
-        lease = min(saga.lease_seconds, TURN_LEASE_SECONDS)  # as the turn took it
+        lease = min(saga.core.lease_seconds, TURN_LEASE_SECONDS)  # as the turn took it
         past_lease = min(seconds, lease + 1.0)
         time.sleep(past_lease)
         book.strike_turn(run_id, turn, "in_long_call")

@@ -124,8 +124,8 @@ def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
         )
         saga = Saga(_app(url, visibility_timeout), registry or tools, settings)
         systems.reset()
-        assert saga.faults is not None
-        private = Private(redis_server, env, saga, saga.faults, data)
+        assert saga.faults is not None  # the workers strike; the test writes the rules
+        private = Private(redis_server, env, saga, Faults(saga.store.client), data)
         made.append(private)
         return private
 
@@ -137,7 +137,7 @@ def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
         for process in private.workers:
             process.stop()
         private.saga.store.client.close()
-        if private.saga._records is not None:
+        if private.saga.core._records is not None:
             private.saga.records.dispose()
         private.redis.stop()
     systems.dispose_engines()

@@ -311,6 +311,8 @@ class Engine:
         }
         settings_ = Settings(**{**options, **self.settings_overrides()})
         self.saga = Saga(app, build_registry(world), settings_)
+        #: What the worker's functions take: the run transitions (on older code, the ``Saga``).
+        self.core: Any = getattr(self.saga, "core", self.saga)
         app.send_task = self._send_task  # type: ignore[method-assign]
         store = self.saga.store
         self._real_call = store._call
@@ -419,7 +421,7 @@ class Engine:
 
     def conclude(self, kwargs: dict[str, Any]) -> None:
         """What ``saga.conclude_unwind`` does with its message."""
-        self.saga.conclude(kwargs["run_id"], kwargs.get("owner", ""))
+        self.core.conclude(kwargs["run_id"], kwargs.get("owner", ""))
 
     def deliver(self, name: str, kwargs: dict[str, Any], task: Any) -> Any:
         """What ``tools.<name>`` does with its message, run by a worker."""
@@ -427,9 +429,9 @@ class Engine:
         run_id = kwargs["run_id"]
         if kwargs.get("compensates") is not None:
             unwind = kwargs.get("unwind", "")
-            return _compensate(self.saga, task, tool, run_id, int(kwargs["compensates"]), unwind)
+            return _compensate(self.core, task, tool, run_id, int(kwargs["compensates"]), unwind)
         return _forward(
-            self.saga, task, tool, run_id, int(kwargs["step"]), kwargs.get("args") or {}
+            self.core, task, tool, run_id, int(kwargs["step"]), kwargs.get("args") or {}
         )
 
     def revoked(self, message: Published, terminated: bool) -> None:
@@ -441,7 +443,7 @@ class Engine:
             id=message.task_id,
             root_id=message.root_id,
         )
-        _on_revoked(self.saga, request, terminated)
+        _on_revoked(self.core, request, terminated)
 
     def lease_ran_out(self, info: MessageInfo, alive: frozenset[str] = frozenset()) -> None:
         """The delivery of this step or undo died and its message comes back only after the

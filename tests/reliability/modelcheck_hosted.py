@@ -277,11 +277,17 @@ class HostedEngine(mc.Engine):
         play = getattr(hosted_module, "play_turn", None)
         if play is None:  # old code
             tried = task.request.retries + 1
-            delay = hosted_module.run_turn(self.saga, run_id, turn, attempt=tried)
+            delay = hosted_module.run_turn(self.saga, run_id, turn, attempt=tried)  # type: ignore[call-arg]
             if delay is not None:
                 raise task.retry(countdown=delay)
             return
-        again = play(self.saga, run_id, turn, attempt=attempt)
+        # Before the core moved below the facade, a turn took the ``Saga`` alone.
+        core = getattr(self.saga, "core", None)
+        again = (
+            play(core, self.saga.agents, run_id, turn, attempt=attempt)
+            if core
+            else play(self.saga, run_id, turn, attempt=attempt)
+        )
         if again is not None:
             attempt = attempt + 1 if again.model_attempt else attempt
             new = {"run_id": run_id, "turn": turn, "attempt": attempt}
@@ -301,7 +307,7 @@ class HostedEngine(mc.Engine):
         if picture is None or picture.state.value != "unwinding":
             return
         if picture.extra.get("owner") == owner and picture.extra.get("sent") == "0":
-            self.saga.start_unwind(run_id, owner)
+            self.core.start_unwind(run_id, owner)
 
     @staticmethod
     def describe(name: str, kwargs: dict[str, Any]) -> MessageInfo:

@@ -172,7 +172,7 @@ def hand_reserve(env: Private, run_id: str, tool: str, args: dict[str, Any]) -> 
     tool_class = env.saga.registry.get(tool).tool_class
     assert tool_class is not None
     args_json = payload.dumps(args, what="args", limit=1 << 20)
-    return env.saga._reserve(run_id, tool, tool_class, args_json, "", "")[0]
+    return env.saga.core._reserve(run_id, tool, tool_class, args_json, "", "")[0]
 
 
 # -- tests -----------------------------------------------------------------------------------

@@ -626,7 +626,7 @@ def standalone(
         for process in own.workers:
             process.stop()
         own.saga.store.client.close()
-        if own.saga._records is not None:
+        if own.saga.core._records is not None:
             own.saga.records.dispose()
     for server in servers:
         server.stop()

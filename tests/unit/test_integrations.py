@@ -58,8 +58,15 @@ class FakeSaga:
         return FakeHandle(self.outcome)
 
 
+class FakeRun(Run):
+    """A ``Run`` whose calls come back as the fake's outcome, not a step in Redis."""
+
+    def dispatch(self, tool: str, args: dict[str, Any], *, feed_back_failure: bool) -> Any:
+        return self.core.dispatch(self.run_id, tool, args, feed_back_failure=feed_back_failure)
+
+
 def fake_run(outcome: Any = None) -> Run:
-    return Run(FakeSaga(outcome), "r1")  # type: ignore[arg-type]
+    return FakeRun(FakeSaga(outcome), "r1")  # type: ignore[arg-type]
 
 
 def test_pydantic_ai_is_offered_every_forward_tool_with_our_schema_and_its_class() -> None:
@@ -136,7 +143,7 @@ def test_without_its_framework_an_integration_says_which_extra_to_install(
 
 def bridge(outcome: Any, **options: Any) -> tuple[ToolBridge, FakeSaga]:
     run = fake_run(outcome)
-    return ToolBridge(run, owner="the test", timeout=5.0, **options), run.saga  # type: ignore[return-value]
+    return ToolBridge(run, owner="the test", timeout=5.0, **options), run.core  # type: ignore[return-value]
 
 
 def test_a_result_comes_back_and_reads_are_fed_back_while_writes_unwind() -> None:

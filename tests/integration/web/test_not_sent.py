@@ -71,7 +71,7 @@ def refusing(web: Web, tmp_path: Path) -> Iterator[Refusing]:
         broker.stop()
         client.store.client.close()
         saga.store.client.close()
-        if saga._records is not None:
+        if saga.core._records is not None:
             saga.records.dispose()
 
 
