@@ -1,0 +1,207 @@
+"""Calling a run's Lua scripts: the one way the store changes a run.
+
+A change touching more than one key must be atomic, so it is a script (``saga/lua``) run by
+Redis, never a sequence of commands from a worker that may die in between. This module owns
+what every such call shares, so the store's other modules only name a script and its
+arguments: loading the scripts with the state machine's tables (``saga.machine``), calling
+them by SHA (alone or in one pipeline, loaded again when Redis restarted and forgot them),
+reading their answer (``Outcome``, an illegal transition logged), the Redis clock they record
+with, and turning Redis being away into a saga error (``reachable``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+from saga.constants import script_keys, settled_key
+from saga.errors import ConfigurationError, StoreUnavailableError
+from saga.machine import lua_tables
+
+#: The store's own logger name (an operator's logging configuration names it).
+logger = logging.getLogger("saga.stack")
+
+#: Seconds between two measurements of this host's clock against the Redis server's.
+_CLOCK_RESYNC = 60.0
+
+_SCRIPTS = (
+    "create",
+    "reserve",
+    "release",
+    "begin_step",
+    "record_success",
+    "record_failure",
+    "record_retry",
+    "abort",
+    "mark_sent",
+    "mark_refused",
+    "begin_compensation",
+    "record_compensation",
+    "conclude",
+    "mark_recorded",
+    "requeue",
+    "resolve",
+    "restore",
+    "mark_in_doubt",
+    "resolve_in_doubt",
+    "take_over",
+    "ask_model",
+    "record_answer",
+    "freeze_results",
+    "advance_turn",
+    "decide_approval",
+    "turn_lease",
+    "record_refusal",
+    "request_approval",
+    "expire_approval",
+    "count_revival",
+    "adopt_deadline",
+)
+
+#: Answers of the scripts that mean "this transition is not in the table" (saga/machine.py).
+ILLEGAL = "illegal"
+
+
+@functools.cache
+def script_sources() -> dict[str, str]:
+    """Each script's whole text (the machine's tables and the prelude before it): what both
+    the store and the asyncio client (``saga.aio``) register, so they run the same SHA."""
+    folder = resources.files("saga") / "lua"
+    prelude = lua_tables() + "\n" + (folder / "_prelude.lua").read_text()
+    return {name: prelude + "\n" + (folder / f"{name}.lua").read_text() for name in _SCRIPTS}
+
+
+def _load_scripts(client: redis.Redis) -> dict[str, Script]:
+    return {name: client.register_script(text) for name, text in script_sources().items()}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a script answered: a status word and whatever came with it."""
+
+    status: str
+    values: tuple[Any, ...] = ()
+
+    @property
+    def owns_unwind(self) -> bool:
+        """True when this caller came to own the run's unwind (it must start it)."""
+        return (
+            self.status in ("ok", "dup", "skip", "failed", "late", "repeat")
+            and bool(self.values)
+            and self.values[0] in (1, "1")
+        )
+
+
+class StoreCore:
+    """What every part of the store (``saga.stack.RunStore``) is built on: the Redis client,
+    the registered scripts, the way to call them, and the server's clock."""
+
+    def __init__(self, client: redis.Redis, retention_seconds: int) -> None:
+        self.client = client
+        self.retention_seconds = retention_seconds
+        self._scripts = _load_scripts(client)
+        self._offset = 0.0
+        self._offset_measured = float("-inf")
+
+    def _call(
+        self, script: str, run_id: str, *args: Any, step: int | None = None, extra: str = ""
+    ) -> Outcome:
+        keys = script_keys(run_id)
+        if step is not None:
+            keys.append(settled_key(run_id, step))
+        elif extra:
+            keys.append(extra)
+        with reachable(script):
+            raw = self._scripts[script](keys=keys, args=list(args))
+        return outcome_of(script, run_id, raw, args)
+
+    def now(self, exact: bool = False) -> float:
+        """The Redis server's clock, the one every script records: this host's clock corrected
+        by an offset measured with ``TIME`` once a minute (no round trip on each call), or,
+        ``exact``, read right now (what judging a run idle needs: a host clock that jumped
+        must not make every run look abandoned)."""
+        host = time.time()
+        if exact or host - self._offset_measured > _CLOCK_RESYNC:
+            with reachable("time"):
+                seconds, micros = self.client.time()
+            self._offset = float(seconds) + micros / 1_000_000 - time.time()
+            self._offset_measured = host
+        return time.time() + self._offset
+
+    def _queue_script(self, pipe: Any, name: str, run_id: str, args: Sequence[Any]) -> None:
+        queue_script(pipe, self._scripts[name].sha, run_id, args)
+
+    def _pipelined(
+        self, name: str, queue: Callable[[Any], None], *, transaction: bool
+    ) -> list[Any]:
+        """Run the commands ``queue`` puts on a pipeline (script ``name`` among them) in one
+        round trip; once more after loading the script if Redis did not have it (it
+        restarted): every command queued must be safe to repeat."""
+        with reachable(name):
+            for attempt in (1, 2):
+                with self.client.pipeline(transaction=transaction) as pipe:
+                    queue(pipe)
+                    answers: list[Any] = pipe.execute(raise_on_error=False)
+                if attempt == 1 and script_missing(answers):
+                    self.client.script_load(self._scripts[name].script)
+                    continue
+                break
+            raise_first_error(answers)
+        return answers
+
+
+def queue_script(pipe: Any, sha: str, run_id: str, args: Sequence[Any]) -> None:
+    """Queue the script of ``sha`` on ``pipe`` (sync or asyncio) by its SHA alone: redis-py's
+    own pipelined scripts cost a SCRIPT EXISTS round trip on every execute."""
+    keys = script_keys(run_id)
+    pipe.evalsha(sha, len(keys), *keys, *args)
+
+
+def script_missing(answers: Sequence[Any]) -> bool:
+    """A pipeline's answers say Redis did not have a script (it restarted): load and repeat."""
+    return any(isinstance(answer, NoScriptError) for answer in answers)
+
+
+def raise_first_error(answers: Sequence[Any]) -> None:
+    """A pipeline run with ``raise_on_error=False`` fails as its first failed command."""
+    for answer in answers:
+        if isinstance(answer, Exception):
+            raise answer
+
+
+def outcome_of(script: str, run_id: str, raw: Any, args: Any) -> Outcome:
+    """A script's answer as an ``Outcome``; a transition its table refused is logged."""
+    outcome = Outcome(str(raw[0]), tuple(raw[1:])) if isinstance(raw, list) else Outcome(str(raw))
+    if outcome.status == ILLEGAL:
+        machine, source, event = (str(v) for v in outcome.values)
+        logger.error(
+            "run %s: refused %s transition %r --%s--> (not in saga/machine.py's table; %s %s)",
+            run_id,
+            machine,
+            source,
+            event,
+            script,
+            list(args)[:1],
+        )
+    return outcome
+
+
+@contextmanager
+def reachable(what: str) -> Iterator[None]:
+    """Redis being away is a saga error the caller can retry, not a library traceback."""
+    try:
+        yield
+    except redis.AuthenticationError as exc:  # retrying will not fix a wrong password
+        raise ConfigurationError(f"the saga store refused the credentials ({what}): {exc}") from exc
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailableError(f"saga store unreachable ({what}): {exc}") from exc

@@ -1,0 +1,234 @@
+"""A run's moves through its state machines (``saga.machine``), one script each: reserving and
+recording steps, the doubt and its resolution, the unwind and its compensations, the end, and
+what a person does to an escalated run (requeue, resolve) or to an ended one (restore).
+
+Each method is where its script's arguments are put in order and its answer read, so the
+store's callers name a transition, never a script and the position of its arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from saga import payload
+from saga.constants import ended_key
+from saga.model import RunState, ToolClass
+from saga.picture import RunPicture, hashes_of
+from saga.store_reads import picture_of, read_picture
+from saga.store_scripts import Outcome, StoreCore, outcome_of
+
+if TYPE_CHECKING:
+    from saga.rules import CallGate
+
+#: A revoke's claim saying the running execution was killed (SIGKILL): its lease ends with it.
+REVOKE_KILLED = "killed"
+
+
+class RunTransitions(StoreCore):
+    """The store's transitions of a run and its steps and compensations."""
+
+    def reserve(
+        self,
+        run_id: str,
+        tool: str,
+        tool_class: ToolClass,
+        args_json: str,
+        gate: CallGate,
+        marker: str = "",
+        on_failure: str = "",
+    ) -> Outcome:
+        """Reserve the next step if ``gate`` holds right now: ``ok`` with the step number,
+        or ``refused`` / ``ended`` / ``unknown``, having changed nothing; ``dup`` with the
+        step a call with this ``marker`` got before. ``on_failure="feed_back"``: a final
+        failure of the step is recorded as ``rejected`` and the run goes on."""
+        unsettled = ",".join(str(int(c)) for c in sorted(gate.unsettled_classes))
+        before_pivot = int(gate.before_pivot)
+        return self._call(
+            "reserve",
+            run_id,
+            tool,
+            int(tool_class),
+            args_json,
+            unsettled,
+            before_pivot,
+            marker,
+            on_failure,
+        )
+
+    def release(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
+        """The broker refused the step's message: ``ok`` (released), or ``started`` with the
+        state a delivery already moved it to (the message got through after all)."""
+        return self._call("release", run_id, step, _error_json(error), step=step)
+
+    def begin_step(
+        self, run_id: str, step: int, tool: str, args_json: str, claim: str, lease: float
+    ) -> Outcome:
+        return self._call("begin_step", run_id, step, tool, args_json, claim, lease, step=step)
+
+    def record_success(
+        self,
+        run_id: str,
+        step: int,
+        result_json: str,
+        entry_json: str,
+        irreversible: bool,
+        problem: dict[str, Any] | None = None,
+        fails: str = "",
+    ) -> Outcome:
+        """``problem``: what went wrong recording the effect, kept as the step's error;
+        ``fails``: the reason a running run fails with it ('' leaves the run running)."""
+        return self._call(
+            "record_success",
+            run_id,
+            step,
+            result_json,
+            entry_json,
+            int(irreversible),
+            "" if problem is None else _error_json(problem),
+            fails,
+            step=step,
+        )
+
+    def record_failure(
+        self, run_id: str, step: int, error: dict[str, Any], event: str = "fail"
+    ) -> Outcome:
+        """``event``: ``fail`` (the worker, after the retries), ``reject`` (nothing happened and
+        the run goes on) or ``never_started`` (the reaper's verdict, refused for a step a
+        delivery began)."""
+        return self._call("record_failure", run_id, step, _error_json(error), event, step=step)
+
+    def record_retry(self, run_id: str, step: int, error: dict[str, Any], hold: float) -> Outcome:
+        return self._call("record_retry", run_id, step, _error_json(error), hold)
+
+    def mark_in_doubt(
+        self,
+        run_id: str,
+        step: int,
+        error: dict[str, Any],
+        event: str = "doubt",
+        respect_lease: bool = False,
+    ) -> Outcome:
+        return self._call(
+            "mark_in_doubt", run_id, step, _error_json(error), event, int(respect_lease), step=step
+        )
+
+    def resolve_in_doubt(
+        self,
+        run_id: str,
+        step: int,
+        verdict: str,
+        result_json: str,
+        entry_json: str,
+        irreversible: bool,
+        doubt: str,
+    ) -> Outcome:
+        return self._call(
+            "resolve_in_doubt",
+            run_id,
+            step,
+            verdict,
+            result_json,
+            entry_json,
+            int(irreversible),
+            doubt,
+            step=step,
+        )
+
+    def take_over(self, run_id: str, version: str, owner: str) -> bool:
+        return self._call("take_over", run_id, version, owner).status == "ok"
+
+    def abort(self, run_id: str, reason: str, version: str = "") -> Outcome:
+        """``version``: abort only if the run is still at it (``moved`` otherwise).
+        ``repeat``: this very abort (the same reason) was applied already, however far its
+        unwind got; it owns the unwind again only if that one was never sent."""
+        return self._call("abort", run_id, reason, version)
+
+    def mark_sent(self, run_id: str, owner: str) -> bool:
+        return self._call("mark_sent", run_id, owner).status == "1"
+
+    def mark_refused(self, run_id: str, owner: str) -> bool:
+        """The broker refused the unwind of ``owner`` (still the owner, nothing sent)."""
+        return self._call("mark_refused", run_id, owner).status == "1"
+
+    def begin_compensation(
+        self, run_id: str, step: int, claim: str, task_id: str, unwind: str, lease: float
+    ) -> Outcome:
+        return self._call("begin_compensation", run_id, step, claim, task_id, unwind, lease)
+
+    def record_compensation(
+        self,
+        run_id: str,
+        step: int,
+        outcome: str,
+        error: dict[str, Any] | None = None,
+        claim: str = "",
+        owner: str = "",
+    ) -> Outcome:
+        """``outcome``: ``done``, ``fail``, ``retry`` (by the claim's holder) or ``revoke`` (for
+        the unwind of ``owner``; ``claim=REVOKE_KILLED`` when the execution died by SIGKILL)."""
+        return self._call(
+            "record_compensation", run_id, step, outcome, _error_json(error), claim, owner
+        )
+
+    def conclude(
+        self, run_id: str, state: RunState, reason: str = "", owner: str = "", version: str = ""
+    ) -> Outcome:
+        """``version``: conclude only if the run is still at it (``moved`` otherwise)."""
+        return self._call("conclude", run_id, state.value, reason, owner, version)
+
+    def mark_recorded(self, run_id: str, version: str, notify: bool = True) -> bool:
+        """The record of ``version`` is written: let the keys expire, and (``notify``) wake
+        whoever waits for the run's end."""
+        args = (version, self.retention_seconds, int(notify))
+        return self._call("mark_recorded", run_id, *args, extra=ended_key(run_id)).status == "ok"
+
+    def requeue(
+        self,
+        run_id: str,
+        corrections: Mapping[int, str] | None = None,
+        version: str = "",
+        action: str = "{}",
+    ) -> Outcome:
+        """Reopen an escalated run's failed compensations: ``ok`` with the new owner and how
+        many; ``refused`` / ``unknown`` / ``resolved`` (a person closed it) having changed
+        nothing. ``corrections``: step -> its corrected undo entry (JSON), applied only if the
+        run is still at ``version`` (``moved`` otherwise) and every one of them names a
+        compensation the requeue runs again (``uncorrectable`` with the step otherwise).
+        ``action`` (JSON: who, what they corrected) is kept with the run for its record."""
+        encoded = json.dumps({str(n): e for n, e in (corrections or {}).items()})
+        return self._call("requeue", run_id, encoded if corrections else "", version, action)
+
+    def resolve(self, run_id: str, generation: int, resolution: str) -> Outcome:
+        """Mark the run's escalation of ``generation`` resolved by a person (``resolution``:
+        JSON). ``ok``; ``unknown`` (no keys); ``state`` (not escalated: a requeue runs, or it
+        ended otherwise); ``stale`` (a later generation); ``resolved`` (already, with the
+        resolution and when)."""
+        return self._call("resolve", run_id, str(generation), resolution)
+
+    def restore(self, picture: RunPicture) -> bool:
+        """Rebuild an ended run's keys from ``picture`` (its SQL record), expiring after the
+        retention period; False (nothing written) if any of its keys exist."""
+        run, steps, stack, comps = hashes_of(picture)
+        documents = (json.dumps(part, ensure_ascii=False) for part in (run, steps, stack, comps))
+        outcome = self._call("restore", picture.run_id, *documents, self.retention_seconds)
+        return outcome.status == "ok"
+
+    def complete(self, run_id: str) -> tuple[Outcome, RunPicture | None]:
+        """Conclude a running run as completed and read it back, in one transaction (one
+        round trip): the outcome, and the picture as the conclusion left it."""
+        args = [RunState.COMPLETED.value, "", ""]
+
+        def queue(pipe: Any) -> None:
+            self._queue_script(pipe, "conclude", run_id, args)
+            read_picture(pipe, run_id)
+
+        raw, *read = self._pipelined("conclude", queue, transaction=True)
+        return outcome_of("conclude", run_id, raw, args), picture_of(run_id, read)
+
+
+def _error_json(error: dict[str, Any] | None) -> str:
+    if error is None:
+        return ""
+    return payload.dumps(error, what="error", limit=1 << 20)
