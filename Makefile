@@ -37,6 +37,7 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(INSTALLED)
 	scripts/with-redis $(BIN)/python benchmarks/overhead.py --runs $(or $(RUNS),300)

@@ -52,17 +52,8 @@ class Saga:
         self.core = core = Core(
             app, registry, settings or Settings.from_env(), hooks or SagaHooks()
         )
-        self.app, self.registry, self.settings, self.hooks = (
-            app,
-            registry,
-            core.settings,
-            core.hooks,
-        )
-        self.store, self.caller_tools, self.listeners = (
-            core.store,
-            core.caller_tools,
-            core.listeners,
-        )
+        self.app, self.registry, self.hooks, self.store = app, registry, core.hooks, core.store
+        self.caller_tools, self.listeners = core.caller_tools, core.listeners
         #: The agents this app hosts, by name (its turn workers must declare them).
         self.agents = AgentRegistry(registry)
         self._agents_published = False
@@ -80,6 +71,14 @@ class Saga:
         the others were, so a worker that imported the registration runs it."""
         install_tool(self.app, self.core, tool)
         self.caller_tools.tool_added(tool.name)
+
+    @property
+    def settings(self) -> Settings:
+        return self.core.settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        self.core.settings = settings
 
     @property
     def records(self) -> RecordStore:
@@ -123,11 +122,8 @@ class Saga:
     ) -> Run:
         """Start a run. ``deadline``: seconds without progress before the reaper resolves it.
         ``on_failure``: per tool, ``"feed_back"`` or ``"unwind"`` (``saga.runs.Run``).
-
-        ``run_id`` (default: a random one) must be 1-128 characters of ``[A-Za-z0-9._-]``,
-        starting with a letter or digit: it becomes part of Redis keys, task ids and a SQL
-        column (``saga.validation``). Bad arguments are refused before anything is written.
-        """
+        ``run_id`` (default: a random one): 1-128 characters of ``[A-Za-z0-9._-]``, starting
+        with a letter or digit (``saga.validation``). Bad arguments change nothing."""
         run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
         if deadline is None:
             deadline = self.settings.run_deadline_seconds
@@ -152,10 +148,18 @@ class Saga:
         return self.core.picture(run_id)
 
     def dispatch(
-        self, run_id: str, tool_name: str, args: dict[str, Any], **options: Any
+        self,
+        run_id: str,
+        tool_name: str,
+        args: dict[str, Any],
+        *,
+        marker: str = "",
+        feed_back_failure: bool = False,
     ) -> StepHandle:
         """``Run.call`` by run id (``saga.core.Core.dispatch``): the step's handle."""
-        step = self.core.dispatch(run_id, tool_name, args, **options)
+        step = self.core.dispatch(
+            run_id, tool_name, args, marker=marker, feed_back_failure=feed_back_failure
+        )
         return StepHandle(self.core, run_id, step, tool_name)
 
     def complete(self, run_id: str) -> RunPicture:
@@ -175,12 +179,10 @@ class Saga:
         corrections: Mapping[int, Mapping[str, Any]] | None = None,
         by: str = "",
     ) -> int:
-        """Run an escalated run's failed compensations again (after someone fixed the cause),
-        newest first, each with its idempotency key and a fresh retry budget; returns how many
-        are sent. ``corrections``: step -> arguments merged into that step's undo first,
-        checked against its tool (``InvalidCorrectionError`` before anything runs); recorded
-        with ``by``. Works from the SQL record once the run's keys have expired
-        (``saga.operations``)."""
+        """Run an escalated run's failed compensations again, newest first, with a fresh retry
+        budget; returns how many are sent. ``corrections``: step -> arguments merged into that
+        undo first (checked; recorded with ``by``). Works from the SQL record once the run's
+        keys expired (``saga.operations``)."""
         return requeue(self.core, run_id, corrections or {}, by)
 
     def resolve_escalation(self, escalation_id: str, *, note: str, by: str) -> EscalationRecord:

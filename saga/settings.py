@@ -13,7 +13,7 @@ from typing import Self
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from saga.errors import ConfigurationError
-from saga.notifications.settings import NotifySettings
+from saga.notify_settings import NotifySettings
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 

@@ -7,7 +7,6 @@ Receivers of the webhook check it with ``verify`` (or the ten lines it documents
 
 from saga.errors import NotificationError, SignatureError
 from saga.notifications.body import SCHEMA_VERSION, notification_body
-from saga.notifications.settings import CALLABLE, WEBHOOK, NotifySettings
 from saga.notifications.signing import (
     DEFAULT_TOLERANCE,
     NOTICE_ID_HEADER,
@@ -16,6 +15,7 @@ from saga.notifications.signing import (
     verify,
 )
 from saga.notifications.store import NoticeRecord, NoticeState
+from saga.notify_settings import CALLABLE, WEBHOOK, NotifySettings
 
 __all__ = [
     # Settings

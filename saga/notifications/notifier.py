@@ -23,14 +23,15 @@ from saga.errors import NotificationError, StoreUnavailableError
 from saga.escalations.invocation import command_for
 from saga.hooks import RunListener
 from saga.notifications.body import notification_body
-from saga.notifications.settings import NotifySettings
 from saga.notifications.sinks import SINKS
 from saga.notifications.store import NoticeStore
+from saga.notify_settings import NotifySettings
+from saga.records import EscalationRecord
 
 if TYPE_CHECKING:
     from saga.core import Core
     from saga.picture import RunPicture
-    from saga.records import EscalationRecord, RunRecord
+    from saga.records import RunRecord
 
 logger = logging.getLogger("saga.notifications")
 
@@ -204,8 +205,6 @@ class Notifier(RunListener):
         return picture, None if picture is not None else self.core.records.run(run_id)
 
     def _escalation(self, escalation_id: str) -> EscalationRecord:
-        from saga.records import EscalationRecord
-
         with Session(self.core.records.engine, expire_on_commit=False) as session:
             record = session.get(EscalationRecord, escalation_id)
         if record is None:

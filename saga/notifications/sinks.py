@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from saga.errors import ConfigurationError, NotificationError
-from saga.notifications.settings import CALLABLE, WEBHOOK, NotifySettings
 from saga.notifications.signing import NOTICE_ID_HEADER, SIGNATURE_HEADER, sign
+from saga.notify_settings import CALLABLE, WEBHOOK, NotifySettings
 
 ATTEMPT_HEADER = "Saga-Delivery-Attempt"
 #: How much of a webhook's answer is read (it is not used; reading it ends the exchange).

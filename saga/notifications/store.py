@@ -36,6 +36,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from saga.records import EscalationRecord
 from saga.validation import RUN_ID_MAX_LENGTH
 
 
@@ -234,8 +235,6 @@ class NoticeStore:
     def unannounced(self, sinks: tuple[str, ...], limit: int = 100) -> list[tuple[str, str]]:
         """Open escalations without a notice for one of ``sinks`` (recorded by a process where
         the sinks were not set, or before they were): ``(escalation id, run id)``."""
-        from saga.records import EscalationRecord
-
         announced = (
             select(func.count())
             .where(

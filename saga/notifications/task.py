@@ -18,7 +18,7 @@ from saga.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from saga.notifications.notifier import Notifier
-    from saga.notifications.settings import NotifySettings
+    from saga.notify_settings import NotifySettings
 
 
 def install_notify_task(app: Celery, notifier: Notifier) -> None:

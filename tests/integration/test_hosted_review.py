@@ -22,6 +22,7 @@ from saga.agents.hosted import Again, run_turn
 from saga.agents.turn_state import LoopState, TurnStore, document
 from saga.client import Client
 from saga.constants import TURN_QUEUE, agent_key, run_keys
+from saga.core import Core
 from saga.errors import ApprovalError
 from saga.model import RunState
 from tasks import systems
@@ -150,7 +151,7 @@ def test_a_final_answer_recorded_before_a_crash_completes_the_run(
     settled(world, run_id)
 
     with monkeypatch.context() as patch:
-        patch.setattr(world, "complete", lambda run_id: (_ for _ in ()).throw(_ProcessDeath()))
+        patch.setattr(world.core, "complete", lambda run_id: (_ for _ in ()).throw(_ProcessDeath()))
         with pytest.raises(_ProcessDeath):
             play(world, run_id, 2)
     assert world.picture(run_id).state is RunState.RUNNING
@@ -170,7 +171,7 @@ def test_a_model_call_longer_than_its_lease_is_asked_once(
 ) -> None:
     """The asker's lease (here 0.6 s) is renewed while its model thinks (3 s): a second
     delivery meanwhile waits for the answer, spending no model attempt, then replays it."""
-    monkeypatch.setattr(Saga, "lease_seconds", property(lambda self: 0.6))
+    monkeypatch.setattr(Core, "lease_seconds", property(lambda self: 0.6))
     GATE.asked, GATE.answer = 0, threading.Event()
     run_id = start(world, "review_thinker")
     first = threading.Thread(target=play, args=(world, run_id, 1), daemon=True)
@@ -243,7 +244,7 @@ def test_the_lease_of_an_asker_that_died_runs_out_and_the_turn_is_asked_again(
     world: Saga, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nobody renews a dead asker's lease: once it ran out, the next delivery asks."""
-    monkeypatch.setattr(Saga, "lease_seconds", property(lambda self: 0.3))
+    monkeypatch.setattr(Core, "lease_seconds", property(lambda self: 0.3))
     run_id = start(world, "review_credit_then_done")
     assert world.store.ask_model(run_id, 1, 0.3, "a-delivery-that-died") == "ok"
 
