@@ -6,11 +6,10 @@ SQL once it ended; where both have it, Redis is the fresher (a requeued run is u
 Redis while SQL still says escalated). One function answers ``saga runs``,
 ``Client.list_runs``, the HTTP API and the console.
 
-Order and cursor: (created, run_id), both descending, the creation time in whole microseconds,
-the same number in Redis's index, the run's hash and its SQL row. A cursor names the last row
-of a page, and the next page starts strictly after it, so runs created meanwhile (newer) never
-shift a page and a run whose keys expire between two pages (it moves to SQL, at the same place)
-is neither lost nor shown twice.
+Order and cursor: (created, run_id), both descending, as ``saga.run_rows`` (the rows, their
+order and the filter) has them. A cursor names the last row of a page, and the next page starts
+strictly after it, so runs created meanwhile (newer) never shift a page and a run whose keys
+expire between two pages (it moves to SQL, at the same place) is neither lost nor shown twice.
 
 Work per page: the index is read a batch at a time (at most ``_SCAN`` entries a page, so a
 filter that matches little costs a bounded scan and a shorter page with a cursor to go on), one
@@ -20,21 +19,29 @@ has a fresher state for them.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import and_, exists, or_, select
 from sqlalchemy.orm import Session
 
 from saga.constants import CREATED_RUNS_KEY, agent_key, run_keys
-from saga.errors import InvalidCursorError
 from saga.records.models import EscalationRecord, RunRecord, RunStepRecord
+from saga.run_rows import (
+    ROW_FIELDS,
+    RunFilter,
+    RunPage,
+    RunRow,
+    datetime_of,
+    index_score,
+    micros,
+    micros_of,
+    row_of_head,
+)
+from saga.run_rows import Position as Position  # where the listing's callers find them
+from saga.run_rows import parse_since as parse_since
 
 if TYPE_CHECKING:
     from saga.records import RecordStore
@@ -46,139 +53,6 @@ __all__ = ["RunFilter", "RunPage", "RunRow", "list_runs", "page_of_runs"]
 _SCAN = 2000
 #: Index entries read at most in one round trip.
 _BATCH = 500
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICRO = timedelta(microseconds=1)
-#: The first and last moments a datetime holds, as microseconds since the epoch.
-_FIRST_US = (datetime.min.replace(tzinfo=UTC) - _EPOCH) // _MICRO
-_LAST_US = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // _MICRO
-_HEAD_FIELDS = ["state", "reason", "created", "ended", "generation", "resolved", "version"]
-
-
-@dataclass(frozen=True, order=True)
-class Position:
-    """Where a row sorts: creation time in microseconds, then the run id."""
-
-    created_us: int
-    run_id: str
-
-    def encode(self) -> str:
-        raw = f"{self.created_us}:{self.run_id}".encode()
-        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-    @classmethod
-    def decode(cls, cursor: str) -> Position:
-        """The position a cursor names; ``InvalidCursorError`` for anything else."""
-        try:
-            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-            micros, _, run_id = raw.partition(":")
-            position = cls(int(micros), run_id)
-        except (ValueError, UnicodeDecodeError, binascii.Error):
-            raise InvalidCursorError(f"cursor {cursor[:40]!r} is not one a listing gave") from None
-        if not run_id or not 0 <= position.created_us <= _LAST_US:
-            raise InvalidCursorError(f"cursor {cursor[:40]!r} is not one a listing gave")
-        return position
-
-
-_SINCE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_EARLIEST = datetime(1, 1, 2, tzinfo=UTC).timestamp()
-_DURATION = re.compile(r"(\d{1,9}(?:\.\d{1,6})?)([smhdw])")
-
-
-def parse_since(text: str, now: float | None = None) -> float:
-    """A ``since`` as a person writes it, the same for the ``saga`` command and the API:
-    ``30m``, ``2h``, ``7d``, ``1w`` (that long before ``now``), or an ISO 8601 date/time
-    (UTC unless it says otherwise) → seconds since the epoch. ``ValueError`` otherwise."""
-    value = text.strip()
-    match = _DURATION.fullmatch(value)
-    if match:
-        ago = (time.time() if now is None else now) - float(match[1]) * _SINCE_UNITS[match[2]]
-        if ago < _EARLIEST:  # what a date can say; SQL's columns hold no earlier one
-            raise ValueError(f"{value!r} reaches back before the year 1")
-        return ago
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is neither a duration (30m, 2h, 7d) nor an ISO date") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
-
-
-def micros(timestamp: float) -> int:
-    return round(timestamp * 1_000_000)
-
-
-def _micros_of(value: datetime) -> int:
-    return ((value if value.tzinfo else value.replace(tzinfo=UTC)) - _EPOCH) // _MICRO
-
-
-@dataclass(frozen=True)
-class RunRow:
-    run_id: str
-    state: str
-    reason: str
-    agent: str
-    created: float | None
-    ended: float | None
-    tools: tuple[str, ...]
-    #: Where the row was read: "redis" (live keys) or "database".
-    source: str
-    #: The open escalation of the run, if any.
-    escalation: str = ""
-    created_us: int = 0
-
-    @property
-    def position(self) -> Position:
-        return Position(self.created_us, self.run_id)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "state": self.state,
-            "reason": self.reason,
-            "agent": self.agent,
-            "created_at": _iso(self.created),
-            "ended_at": _iso(self.ended),
-            "tools": list(self.tools),
-            "open_escalation": self.escalation or None,
-            "source": self.source,
-        }
-
-
-def _iso(timestamp: float | None) -> str | None:
-    return None if timestamp is None else datetime.fromtimestamp(timestamp, UTC).isoformat()
-
-
-@dataclass(frozen=True)
-class RunFilter:
-    """What a listing keeps. ``escalated``: True for runs with an open escalation, False for
-    runs without one, None for both. ``since``/``until``: creation time, seconds since the
-    epoch, ``since`` inclusive and ``until`` exclusive."""
-
-    states: tuple[str, ...] = ()
-    agent: str | None = None
-    tool: str | None = None
-    since: float | None = None
-    until: float | None = None
-    escalated: bool | None = None
-    limit: int = 50
-
-    def keeps(self, row: RunRow) -> bool:
-        return (
-            (not self.states or row.state in self.states)
-            and (self.agent is None or row.agent == self.agent)
-            and (self.tool is None or self.tool in row.tools)
-            and (self.since is None or row.created_us >= micros(self.since))
-            and (self.until is None or row.created_us < micros(self.until))
-            and (self.escalated is None or bool(row.escalation) == self.escalated)
-        )
-
-
-@dataclass(frozen=True)
-class RunPage:
-    rows: list[RunRow]
-    #: Pass it back for the next page; None when there is nothing older.
-    next_cursor: str | None = None
 
 
 @dataclass
@@ -237,14 +111,14 @@ def _redis_rows(store: RunStore, where: RunFilter, after: Position | None) -> _S
     kept or ``_SCAN`` were read. Each batch starts where the last ended, by score (not by
     offset), so runs created or forgotten meanwhile shift nothing."""
     by_head = replace(where, tool=None)
-    bottom = "-inf" if where.since is None else _score(micros(where.since))
+    bottom = "-inf" if where.since is None else index_score(micros(where.since))
     source = _Source()
     bound, scanned, batch = after, 0, where.limit + 1
     while scanned < _SCAN:
         if bound is not None:
-            top = _score(bound.created_us)
+            top = index_score(bound.created_us)
         else:
-            top = "+inf" if where.until is None else "(" + _score(micros(where.until))
+            top = "+inf" if where.until is None else "(" + index_score(micros(where.until))
         raw = store.client.zrevrangebyscore(
             CREATED_RUNS_KEY, top, bottom, start=0, num=batch, withscores=True
         )
@@ -268,48 +142,21 @@ def _redis_rows(store: RunStore, where: RunFilter, after: Position | None) -> _S
     return source
 
 
-def _score(created_us: int) -> str:
-    """A score bound that includes the entries of exactly that microsecond."""
-    return f"{created_us / 1_000_000:.6f}"
-
-
 def _heads(store: RunStore, candidates: Sequence[Position]) -> list[RunRow]:
     """The rows of runs whose keys are still there (an entry whose keys expired is skipped:
     SQL has the run)."""
     with store.client.pipeline(transaction=False) as pipe:
         for position in candidates:
-            pipe.hmget(run_keys(position.run_id)[0], _HEAD_FIELDS)
+            pipe.hmget(run_keys(position.run_id)[0], ROW_FIELDS)
             pipe.hget(agent_key(position.run_id), "name")
         answers = pipe.execute()
     rows = []
     for i, position in enumerate(candidates):
         head, agent = answers[2 * i], answers[2 * i + 1]
-        row = _row_of_head(position.run_id, head, agent, position.created_us)
+        row = row_of_head(position.run_id, head, agent, position.created_us)
         if row is not None:
             rows.append(row)
     return rows
-
-
-def _row_of_head(
-    run_id: str, head: Sequence[str | None], agent: str | None, created_us: int | None = None
-) -> RunRow | None:
-    state, reason, created, ended, generation, resolved, version = head
-    if state is None:
-        return None
-    created_at = float(created) if created else 0.0
-    open_ = state == "escalated" and not (resolved and resolved == version)
-    return RunRow(
-        run_id,
-        state,
-        reason or "",
-        agent or "",
-        created_at,
-        float(ended) if ended else None,
-        (),
-        "redis",
-        f"{run_id}:{generation or 0}" if open_ else "",
-        micros(created_at) if created_us is None else created_us,
-    )
 
 
 def with_tools(store: RunStore, rows: list[RunRow]) -> list[RunRow]:
@@ -368,14 +215,14 @@ def _sql_rows(
             tuple(str(s.get("tool", "")) for s in run.steps or []),
             "database",
             open_ids.get(run.run_id, ""),
-            _micros_of(run.created_at),
+            micros_of(run.created_at),
         )
         for run in runs
     ]
     if store is not None:
         rows = _fresher(store, rows, where)
     full = len(runs) == where.limit
-    horizon = Position(_micros_of(runs[-1].created_at), runs[-1].run_id) if full else None
+    horizon = Position(micros_of(runs[-1].created_at), runs[-1].run_id) if full else None
     return _Source(rows, horizon)
 
 
@@ -385,15 +232,15 @@ def _conditions(where: RunFilter, after: Position | None) -> Iterable[Any]:
     if where.agent is not None:
         yield RunRecord.agent == where.agent
     if where.since is not None:
-        yield RunRecord.created_at >= _datetime(micros(where.since))
+        yield RunRecord.created_at >= datetime_of(micros(where.since))
     if where.until is not None:
-        yield RunRecord.created_at < _datetime(micros(where.until))
+        yield RunRecord.created_at < datetime_of(micros(where.until))
     if where.tool is not None:
         yield exists().where(
             RunStepRecord.run_id == RunRecord.run_id, RunStepRecord.tool == where.tool
         )
     if after is not None:
-        moment = _datetime(after.created_us)
+        moment = datetime_of(after.created_us)
         yield or_(
             RunRecord.created_at < moment,
             and_(RunRecord.created_at == moment, RunRecord.run_id < after.run_id),
@@ -422,11 +269,6 @@ def _fresher(store: RunStore, rows: list[RunRow], where: RunFilter) -> list[RunR
         elif where.keeps(replace(now, tools=row.tools)):
             fresh.append(replace(now, tools=row.tools, agent=now.agent or row.agent))
     return fresh
-
-
-def _datetime(created_us: int) -> datetime:
-    # A bound past the calendar's ends (since 0001-01-01+14:00) is that end: nothing is older.
-    return _EPOCH + min(max(created_us, _FIRST_US), _LAST_US) * _MICRO
 
 
 def _timestamp(value: datetime) -> float:

@@ -2,42 +2,27 @@
 
 Redis holds the live state; this is where a person (or a dashboard) finds what happened after
 the Redis keys have expired, and what a requeue rebuilds a run from then. SQLite by default,
-PostgreSQL in production; writes are upserts, so a redelivered conclusion writes the same
-record again instead of a second one. A run is written once per ending, in one transaction
-(a fixed number of statements, each run once or, for the steps, as one batch), never once
-per step.
+PostgreSQL in production; writes are upserts (``saga.records.upserts``), so a redelivered
+conclusion writes the same record again instead of a second one. A run is written once per
+ending, in one transaction (a fixed number of statements, each run once or, for the steps, as
+one batch), never once per step.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import sqlite3
 import time
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import (
-    Table,
-    bindparam,
-    create_engine,
-    event,
-    exists,
-    or_,
-    select,
-    update,
-)
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy import Table, bindparam, create_engine, event, exists, select, update
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from saga.errors import StaleRecordError
 from saga.picture import RunPicture
 from saga.records.models import (
     ActionRecord,
-    Base,
     EscalationRecord,
     RunCompensationRecord,
     RunRecord,
@@ -45,7 +30,6 @@ from saga.records.models import (
     TranscriptRecord,
 )
 from saga.records.rows import (
-    Row,
     action_rows,
     compensation_rows,
     escalation_row,
@@ -58,6 +42,7 @@ from saga.records.rows import (
 from saga.records.rows import (
     escalation_id as escalation_id_of,
 )
+from saga.records.upserts import upsert, upsert_records, upsert_run
 from saga.settings import sqlite_file
 
 logger = logging.getLogger("saga.records")
@@ -129,12 +114,12 @@ class RecordStore:
 
     def record_run(self, picture: RunPicture, state: str, reason: str) -> None:
         with self.engine.begin() as connection:
-            self._upsert_run(connection, run_row(picture, state, reason))
+            upsert_run(connection, run_row(picture, state, reason))
 
     def record_escalation(self, picture: RunPicture, reason: str) -> EscalationRecord:
         record = escalation_row(picture, reason)
         with self.engine.begin() as connection:
-            self._upsert_records(connection, [record])
+            upsert_records(connection, [record])
         return record
 
     def record_outcome(self, picture: RunPicture) -> EscalationRecord | None:
@@ -156,14 +141,14 @@ class RecordStore:
 
         hosted = hosted_document(picture)
         with self.engine.begin() as connection:
-            self._upsert_run(connection, run_row(picture, state, picture.reason))
-            self._upsert(connection, _STEPS, step_rows(picture))
-            self._upsert(connection, _COMPENSATIONS, compensation_rows(picture))
-            self._upsert_records(connection, action_rows(picture))
+            upsert_run(connection, run_row(picture, state, picture.reason))
+            upsert(connection, _STEPS, step_rows(picture))
+            upsert(connection, _COMPENSATIONS, compensation_rows(picture))
+            upsert_records(connection, action_rows(picture))
             if hosted is not None:
-                self._upsert(connection, _TRANSCRIPTS, [transcript_row(picture.run_id, hosted)])
+                upsert(connection, _TRANSCRIPTS, [transcript_row(picture.run_id, hosted)])
             if escalation is not None:
-                self._upsert_records(connection, [escalation])
+                upsert_records(connection, [escalation])
                 keep = escalation.escalation_id
                 resolution = f"superseded by {keep}"
             else:
@@ -194,12 +179,12 @@ class RecordStore:
             resolved_at=None,
         )
         with self.engine.begin() as connection:
-            self._upsert_records(connection, [record])
+            upsert_records(connection, [record])
 
     def record_action(self, action: ActionRecord) -> None:
         """Write an operator's action now (it also reaches SQL with the run's next record)."""
         with self.engine.begin() as connection:
-            self._upsert_records(connection, [action])
+            upsert_records(connection, [action])
 
     def resolve_escalation(self, escalation_id: str, note: str, by: str) -> bool:
         """Close one escalation by hand in SQL alone (one the saga's scripts cannot fence: the
@@ -224,7 +209,7 @@ class RecordStore:
             )
             resolution = {"by": by, "note": note, "escalation_id": escalation_id}
             action = resolve_action(str(run_id), 0, {**resolution, "at": now.timestamp()})
-            self._upsert_records(connection, [action])
+            upsert_records(connection, [action])
         return True
 
     def resolve_escalations(self, run_id: str, resolution: str = "resolved") -> None:
@@ -338,120 +323,11 @@ class RecordStore:
         with Session(self.engine, expire_on_commit=False) as session:
             return list(session.scalars(query))
 
-    # -- upserts ---------------------------------------------------------------------------
-
-    def _upsert_run(self, connection: Connection, row: Row) -> None:
-        """The run's row, unless a later version of it is recorded already: then
-        ``StaleRecordError``, which rolls the caller's whole transaction back."""
-        version = row.get("version")
-        statement = _run_upsert_statement(self.engine.dialect.name)
-        if statement is not None:
-            # RETURNING, not rowcount: psycopg reports no row count for an upsert.
-            written = int(connection.execute(statement, _storable_row(row)).first() is not None)
-        else:  # no upsert: the row as it is, then insert or update by hand
-            stored = connection.execute(
-                select(RunRecord.version).where(RunRecord.run_id == row["run_id"])
-            ).first()
-            written = 0 if _newer(stored, version) else 1
-            if written and stored is None:
-                connection.execute(_RUNS.insert().values(**_storable_row(row)))
-            elif written:
-                where = _RUNS.c.run_id == row["run_id"]
-                connection.execute(_RUNS.update().where(where).values(**_storable_row(row)))
-        if not written:
-            raise StaleRecordError(
-                f"run {row['run_id']}: a later record than version {version} is written"
-            )
-
-    def _upsert(self, connection: Connection, table: Table, rows: Sequence[Row]) -> None:
-        """Insert or replace by primary key, in one statement where the database has one (a
-        redelivered conclusion writes the same rows again, never second ones). The statement
-        is built once per table and the rows are its parameters, so SQLAlchemy compiles it
-        once rather than on every record."""
-        if not rows:
-            return
-        rows = [_storable_row(row) for row in rows]
-        statement = _upsert_statement(self.engine.dialect.name, table)
-        if statement is not None:
-            connection.execute(statement, rows)
-            return
-        # Elsewhere: update, and insert if nothing was there (inside the caller's transaction;
-        # a racing insert fails the transaction, and its caller retries).
-        keys = [column.name for column in table.primary_key]
-        for values in rows:
-            where = [table.c[k] == values[k] for k in keys]
-            changed = connection.execute(table.update().where(*where).values(**values))
-            if changed.rowcount == 0:
-                connection.execute(table.insert().values(**values))
-
-    def _upsert_records(self, connection: Connection, records: Sequence[Base]) -> None:
-        """``_upsert`` for ORM records (escalations and actions: the rows others hold)."""
-        if records:
-            table = cast(Table, records[0].__table__)
-            rows = [{c.name: getattr(r, c.name) for c in table.columns} for r in records]
-            self._upsert(connection, table, rows)
-
-
-@functools.cache
-def _upsert_statement(dialect: str, table: Table) -> Any:
-    """``INSERT ... ON CONFLICT (primary key) DO UPDATE`` every other column, for the
-    databases that have it (None elsewhere)."""
-    if dialect not in _UPSERTS:
-        return None
-    keys = [column.name for column in table.primary_key]
-    statement = _UPSERTS[dialect](table)
-    return statement.on_conflict_do_update(
-        index_elements=keys,
-        set_={c.name: statement.excluded[c.name] for c in table.columns if c.name not in keys},
-    )
-
-
-@functools.cache
-def _run_upsert_statement(dialect: str) -> Any:
-    """The run's upsert, which leaves a row of a later version alone (no row changes: the
-    caller learns its picture was stale); a row of no version (recorded before versions were)
-    is replaced."""
-    if dialect not in _UPSERTS:
-        return None
-    statement = _UPSERTS[dialect](_RUNS)
-    stored = _RUNS.c.version
-    return statement.on_conflict_do_update(
-        index_elements=["run_id"],
-        set_={c.name: statement.excluded[c.name] for c in _RUNS.columns if c.name != "run_id"},
-        where=or_(stored.is_(None), statement.excluded.version.is_(None))
-        | (stored <= statement.excluded.version),
-    ).returning(_RUNS.c.run_id)
-
-
-def _newer(stored: Any, version: int | None) -> bool:
-    """Whether the stored run row is of a later version than ``version``."""
-    return (
-        stored is not None
-        and stored[0] is not None
-        and version is not None
-        and (stored[0] > version)
-    )
-
-
-def _storable_row(row: Row) -> dict[str, Any]:
-    return {name: _storable(value) for name, value in row.items()}
-
-
-def _storable(value: Any) -> Any:
-    """A text column's value as every database keeps it: PostgreSQL refuses NUL in text, and
-    a record refused once is refused on every attempt, so the run would never be recorded.
-    What people type is checked where it enters (``saga.validation``); this is for what
-    tools and models wrote (an error message, a reason built from one)."""
-    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
-
 
 def _now() -> datetime:
     return datetime.now(UTC)
 
 
-_UPSERTS: dict[str, Any] = {"sqlite": sqlite_insert, "postgresql": postgresql_insert}
-
-_RUNS = cast(Table, RunRecord.__table__)
 _STEPS = cast(Table, RunStepRecord.__table__)
 _COMPENSATIONS = cast(Table, RunCompensationRecord.__table__)
 _TRANSCRIPTS = cast(Table, TranscriptRecord.__table__)
