@@ -225,6 +225,7 @@ class MetricsServer:
     def __init__(self, port: int, address: str, open_escalations: Callable[[], int]) -> None:
         if prometheus_client is None:
             raise RuntimeError(f"--metrics-port needs prometheus-client: {install_hint('metrics')}")
+        # An optional extra: imported where it is used.
         from prometheus_client import multiprocess
 
         self._own_directory = ""

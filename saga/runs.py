@@ -19,6 +19,7 @@ from saga.errors import (
     StepFailedError,
     StepInDoubtError,
     StepRejectedError,
+    StepsInFlightError,
     StepSkippedError,
     ToolResultError,
     UnknownRunError,
@@ -163,8 +164,6 @@ class Run:
 
     def finish(self, timeout: float | None = None) -> RunPicture:
         """Complete the run once every step has settled (waiting up to ``timeout``)."""
-        from saga.errors import StepsInFlightError
-
         store = self.core.store
         deadline = time.monotonic() + (timeout or self.core.settings.wait_timeout)
         while True:

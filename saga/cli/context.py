@@ -72,6 +72,7 @@ class Failure(click.ClickException):
 
 def mask(url: str) -> str:
     """A URL fit to print: its password replaced (whatever it holds: '/', ':', '@')."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.settings import masked
 
     return masked(url)
@@ -101,6 +102,7 @@ class Env:
         if self._saga is not None:
             return self._saga.settings
         if self._settings is None:
+            # Imported on use: `saga --help` loads none of a command's imports.
             from saga.settings import Settings
 
             self._settings = Settings.from_env()
@@ -127,6 +129,7 @@ class Env:
         if self._saga is not None:
             return self._saga.store
         if self._store is None:
+            # Imported on use: `saga --help` loads none of a command's imports.
             from saga.stack import RunStore
 
             settings = self.settings
@@ -139,6 +142,7 @@ class Env:
     def store_if_reachable(self) -> RunStore | None:
         """The stack's Redis, or None (said on stderr) when it does not answer: what the
         records hold can still be shown."""
+        # Imported on use: `saga --help` loads none of a command's imports.
         import redis
 
         try:
@@ -160,6 +164,7 @@ class Env:
             if self._saga is not None:
                 self._records = self._saga.records
             else:
+                # Imported on use: `saga --help` loads none of a command's imports.
                 from saga.records import RecordStore
 
                 self._records = RecordStore(
@@ -180,10 +185,12 @@ class Env:
         """How to invoke ``saga`` again here: with the app this one was given, else (when
         ``store`` is given) the one the workers published, so that a printed ``requeue``,
         which imports the app, works as printed."""
+        # Imported on use: `saga --help` loads none of a command's imports.
         from saga.escalations.invocation import saga_command
 
         spec = self.app_spec or ""
         if not spec and store is not None:
+            # Imported on use: `saga --help` loads none of a command's imports.
             from saga.tool_hosts import worker_app
 
             try:
@@ -200,6 +207,7 @@ class Env:
 
 
 def _missing_sqlite_file(url: str) -> Path | None:
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.settings import sqlite_file
 
     path = sqlite_file(url)
@@ -209,6 +217,7 @@ def _missing_sqlite_file(url: str) -> Path | None:
 def load_saga(spec: str) -> Saga:
     """``module:attr`` (``attr`` defaults to ``saga``) → the ``Saga`` it names. Imported from
     the current directory too, as ``celery -A`` does."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.engine import Saga
 
     module_name, _, attr = spec.partition(":")
@@ -219,6 +228,7 @@ def load_saga(spec: str) -> Saga:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
+        # Imported on use: `saga --help` loads none of a command's imports.
         from saga.extras import extra_for
 
         if exc.name is not None and extra_for(exc.name) is not None:
@@ -244,6 +254,7 @@ def parse_since(
     """``--since``: as the API takes it (``saga.listing.parse_since``)."""
     if value is None:
         return None
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.listing import parse_since as parse
 
     try:
@@ -254,6 +265,7 @@ def parse_since(
 
 def parse_escalation_id(ctx: click.Context | None, param: Any, value: str) -> str:
     """An escalation ``ID`` argument, read as the API reads it (``saga.validation``)."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.errors import InvalidRunIdError
     from saga.validation import check_escalation_id
 
@@ -296,6 +308,7 @@ def corrections_from(assignments: list[str]) -> dict[int, dict[str, Any]]:
 
 def make_console() -> Console:
     """Colour on a terminal; piped, plain text 120 columns wide (tables fit, nothing wraps)."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from rich.console import Console
 
     if sys.stdout.isatty():

@@ -22,6 +22,7 @@ def db() -> None:
 @click.pass_obj
 def upgrade(env: Env, as_json: bool) -> None:
     """Bring the records database (SAGA_DATABASE_URL) to this version's head."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.records import migrations
 
     url = env.settings.database_url
@@ -40,6 +41,7 @@ def upgrade(env: Env, as_json: bool) -> None:
 @click.pass_obj
 def status(env: Env, as_json: bool) -> None:
     """Say the records database's revision and this version's head (exit 1 if they differ)."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.records import migrations
 
     url = env.settings.database_url

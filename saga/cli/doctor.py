@@ -47,6 +47,7 @@ class Check:
 def doctor(env: Env, as_json: bool) -> None:
     """Check Redis (reachable, AOF, noeviction), the broker, the database (reachable,
     migrated), workers and beat online, and the start-up guard's findings."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from rich.table import Table
     from rich.text import Text
 
@@ -102,6 +103,7 @@ def _probe(name: str, probe: Callable[[], Check]) -> Check:
 
 
 def _redis_checks(url: str, options: dict[str, Any]) -> list[Check]:
+    # Imported on use: `saga --help` loads none of a command's imports.
     import redis
 
     client = redis.Redis.from_url(
@@ -159,6 +161,7 @@ def _broker_url(saga: Saga | None, redis_url: str) -> str:
 
 def _bare_app(broker_url: str) -> Celery:
     """A Celery app that only talks to the broker (no app was named): pings, queues."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from celery import Celery
 
     app = Celery("saga-doctor", broker=broker_url, set_as_current=False)
@@ -187,6 +190,7 @@ def _broker_check(app: Celery, url: str) -> Check:
 
 
 def _database_checks(url: str) -> list[Check]:
+    # Imported on use: `saga --help` loads none of a command's imports.
     from sqlalchemy import create_engine, inspect, text
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -213,6 +217,7 @@ def _database_checks(url: str) -> list[Check]:
 
 
 def _migrations(url: str) -> Check:
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.records import migrations
 
     current, head = migrations.status(url)
@@ -266,6 +271,7 @@ def _tools_check(env: Env, app: Celery, saga: Saga | None, redis_up: bool) -> Ch
     reaper."""
 
     def probe() -> Check:
+        # Imported on use: `saga --help` loads none of a command's imports.
         from saga.tool_hosts import caller_tools
 
         known = caller_tools(env.store.client) if redis_up else set()
@@ -336,6 +342,7 @@ def _guard_check(saga: Saga | None) -> Check:
         return Check("guard", "warn", "skipped: no app to check (--app module:attr or SAGA_APP)")
 
     def probe() -> Check:
+        # Imported on use: `saga --help` loads none of a command's imports.
         from saga.worker import guard_problems
 
         problems = guard_problems(saga.core, check_redis=False)  # Redis was checked above
@@ -352,6 +359,7 @@ def _stale_shapes_check(saga: Saga | None) -> Check:
         return Check("stale shapes", "skip", "no app to check them against (--app module:attr)")
 
     def probe() -> Check:
+        # Imported on use: `saga --help` loads none of a command's imports.
         from saga.guard import stale_shapes
 
         scan = stale_shapes(saga.core)

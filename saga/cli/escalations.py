@@ -12,6 +12,7 @@ from saga.cli.context import Env, emit_json, not_found, parse_escalation_id, par
 def corrections_supported() -> bool:
     """Whether this version's requeue takes corrections (``--set``): read off the signature of
     the operation behind it (``saga.operations``, which needs no Celery)."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.operations import requeue
 
     return accepts(requeue, "corrections")
@@ -38,6 +39,7 @@ def escalations(
     env: Env, everything: bool, run_id: str | None, since: float | None, as_json: bool
 ) -> None:
     """List escalations, newest first (open ones unless --all)."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from rich.table import Table
     from rich.text import Text
 
@@ -79,6 +81,7 @@ def escalation() -> None:
 def show_escalation(env: Env, escalation_id: str, fmt: str | None) -> None:
     """The escalation package: why, the timeline, each step, the stack, each failed
     compensation with every attempt's error, what is still live, and the commands."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.cli.queries import escalation_doc
     from saga.escalations import to_json, to_markdown, to_rich
 

@@ -81,9 +81,11 @@ def _failure(exc: Exception) -> Failure | None:
     The services' exception classes are looked up among the modules already imported: an
     error cannot come from a library nobody imported, and importing one here would cost every
     command its start-up time."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga import errors
 
     if isinstance(exc, ModuleNotFoundError):
+        # Imported on use: `saga --help` loads none of a command's imports.
         from saga.extras import missing
 
         exc = missing(exc) or exc

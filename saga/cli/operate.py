@@ -153,6 +153,7 @@ def _say(env: Env, as_json: bool, result: dict[str, object], text: str) -> None:
 @click.pass_obj
 def resolve(env: Env, escalation_id: str, note: str, by: str, as_json: bool) -> None:
     """Close an escalation dealt with by hand, saying what was done."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.cli.queries import find_escalation
     from saga.engine import Saga
 

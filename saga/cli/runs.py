@@ -47,6 +47,7 @@ def runs(
     as_json: bool,
 ) -> None:
     """List runs, newest first: live ones from Redis, ended ones from the records."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from rich.text import Text
 
     from saga.cli.queries import RunFilter, list_runs
@@ -66,6 +67,7 @@ def runs(
 def runs_table(rows: Sequence[RunRow]) -> Table:
     """The listing: ids, states and times never wrap; the tools and the reason wrap between
     words (each column at least as wide as its longest word), never inside one."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from rich.table import Table
     from rich.text import Text
 
@@ -108,6 +110,7 @@ def _longest_word(cells: Sequence[str]) -> int | None:
 def show(env: Env, run_id: str, as_json: bool) -> None:
     """Draw a run's timeline: forward steps with their classes and pushes, the pivot line,
     the unwind with ✓/✗, how it ended."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.cli.queries import run_doc
     from saga.escalations import run_card, run_json
 

@@ -21,6 +21,8 @@ def serve(host: str | None, port: int | None, workers: int | None, root_path: st
         # The app itself, not only the server: uvicorn imports the app later, by name, where
         # a missing FastAPI would be a traceback.
         import saga.web.app  # noqa: F401
+
+        # Imported on use: `saga --help` loads none of a command's imports.
         from saga.web.server import serve as run
     except ModuleNotFoundError as exc:
         error = missing(exc, "for saga serve")

@@ -26,6 +26,7 @@ def tokens() -> None:
 @click.pass_obj
 def create(env: Env, name: str, scope: str, as_json: bool) -> None:
     """Make a token and print it (once: only its hash is kept)."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.web import tokens as store
 
     try:
@@ -44,6 +45,7 @@ def create(env: Env, name: str, scope: str, as_json: bool) -> None:
 @click.pass_obj
 def revoke(env: Env, name: str) -> None:
     """Revoke the token of this name: the very next request with it is refused."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.web import tokens as store
 
     try:
@@ -59,6 +61,7 @@ def revoke(env: Env, name: str) -> None:
 @click.pass_obj
 def list_(env: Env, everything: bool, as_json: bool) -> None:
     """The tokens' names, scopes and dates (never the tokens)."""
+    # Imported on use: `saga --help` loads none of a command's imports.
     from saga.web import tokens as store
 
     found = store.list_tokens(env.records, revoked=everything)

@@ -119,6 +119,7 @@ def plan(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[s
 def guard_routes(handlers: Sequence[Any]) -> list[Any]:
     """Flower's routes with every non-read-only ``/api/`` handler replaced by a refusal and its
     ``/metrics`` behind authentication."""
+    # An optional extra: imported where it is used.
     import tornado.web
     from flower.api import BaseApiHandler
     from flower.views.monitor import Metrics
@@ -221,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.update(flower_env)
 
     try:
+        # An optional extra: imported where it is used.
         import flower.urls
         from flower.options import default_options
     except ModuleNotFoundError as exc:
@@ -237,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # In place: flower.app imported this very list as its default handlers.
     flower.urls.handlers[:] = guard_routes(flower.urls.handlers)
 
+    # An optional extra: imported where it is used.
     from celery.bin.celery import main as celery_main
 
     sys.argv = celery_argv

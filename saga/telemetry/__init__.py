@@ -39,6 +39,7 @@ def _outcome(exc: BaseException | None, result: Any, kind: str) -> str:
     global _celery_signals
     if exc is not None:
         if _celery_signals is None:  # only ever asked inside a Celery task
+            # Imported on use: only the path that needs it loads it.
             from celery.exceptions import Ignore, Retry
 
             _celery_signals = (Retry, Ignore)

@@ -38,6 +38,7 @@ def api() -> Any:
     if _missing:
         return None
     try:
+        # An optional extra: imported where it is used.
         from opentelemetry import trace
     except ImportError:
         _missing = True
@@ -128,6 +129,7 @@ def failed(span: Any, exc: BaseException) -> None:
 
 def emit_run(found: Any, run_id: str, start_s: float, end_s: float, attrs: dict[str, Any]) -> None:
     """The run's own span, with the ids every other span of the run points at."""
+    # An optional extra: imported where it is used.
     from opentelemetry.context import Context
 
     context = Context()  # a root: the trace is the run's

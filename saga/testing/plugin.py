@@ -88,6 +88,7 @@ def saga_redis_url(
 ) -> Iterator[str]:
     """A Redis database of this session's own: a private ``redis-server`` on a free port
     (``noeviction``, as saga requires), or a database of the Redis you named, flushed."""
+    # Imported on use: the plugin loads with every test session.
     import redis
 
     from saga.testing.processes import RedisServer
@@ -115,9 +116,11 @@ def saga_redis_url(
 
 @pytest.fixture(scope="session")
 def _saga_model_server() -> Iterator[FakeModel]:
+    # Imported on use: the plugin loads with every test session.
     from saga.extras import missing
 
     try:
+        # Imported on use: the plugin loads with every test session.
         from saga.testing.fake_models import FakeModel
     except ModuleNotFoundError as exc:
         error = missing(exc, "for saga's pytest plugin")
@@ -180,6 +183,7 @@ def saga_app(
     saga_app_path: str, saga_test_env: dict[str, str], pytestconfig: pytest.Config
 ) -> Saga:
     """Your ``Saga``, imported once the environment points at the session's Redis."""
+    # Imported on use: the plugin loads with every test session.
     from saga.engine import Saga
 
     module_name, _, attr = saga_app_path.partition(":")
@@ -215,6 +219,7 @@ def _saga_worker_process(
     pytestconfig: pytest.Config,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[WorkerProcess]:
+    # Imported on use: the plugin loads with every test session.
     from saga.constants import TURN_QUEUE
     from saga.testing.processes import WorkerProcess
 
@@ -248,6 +253,7 @@ def saga_faults(saga_app: Saga) -> Iterator[Faults]:
     """Faults for the worker to meet, cleared before and after each test:
     ``saga_faults.tool("charge_card").fail_after_effect()``, ``.kill_worker(at=...)``,
     ``.fail_compensation(times=k)``, ``.fail_before_effect(nth=2)``."""
+    # Imported on use: the plugin loads with every test session.
     from saga.testing.faults import Faults
 
     faults = Faults(saga_app.store.client, known_tools=[t.name for t in saga_app.registry])

@@ -18,6 +18,7 @@ __all__ = ["create_app"]
 
 def __getattr__(name: str) -> Any:
     if name == "create_app":  # FastAPI is imported only by those who build the app
+        # Imported on use: only a process that serves loads the app.
         from saga.web.app import create_app
 
         return create_app

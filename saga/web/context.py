@@ -51,6 +51,7 @@ class WebContext:
 def load_app(spec: str) -> Saga:
     """``module:attr`` → the ``Saga`` it names (imported from the current directory too, as
     ``celery -A`` does)."""
+    # Imported on use: only a process that serves loads the app.
     from saga.engine import Saga
 
     module_name, _, attr = spec.partition(":")
