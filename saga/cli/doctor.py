@@ -352,7 +352,7 @@ def _stale_shapes_check(saga: Saga | None) -> Check:
         return Check("stale shapes", "skip", "no app to check them against (--app module:attr)")
 
     def probe() -> Check:
-        from saga.guard import stale_shapes
+        from saga.stale_shapes import stale_shapes
 
         scan = stale_shapes(saga.core)
         left = f"; not scanned: {'; '.join(scan.not_scanned)}" if scan.not_scanned else ""
