@@ -16,8 +16,9 @@ from celery import Celery
 
 from saga import metrics
 from saga.agents.agent import Agent, AgentRegistry
-from saga.agents.hosted import HostedLoop, publish_hosted_agents
+from saga.agents.hosted import publish_hosted_agents
 from saga.agents.launch import enqueue_run
+from saga.agents.loop_listener import HostedLoop
 from saga.agents.policies import Policy
 from saga.core import Core
 from saga.errors import RunExistsError, UnknownRunError

@@ -2,11 +2,12 @@
 
 A turn (``saga.agent_turn``, on the ``saga.turns`` queue, served by a threads pool so a model
 call never holds a prefork slot) asks the policy once, records the answer (first writer
-wins), then dispatches the answer's calls through ``Core.dispatch`` in the model's order, each
-under its marker ``<turn>:<call>``, which the reserve script records with the step. It never
-waits for a step: whoever settles the turn's last step (a tool task, through
-``Core.step_settled``; or the turn itself, if every call was refused or settled at once)
-marks the turn done, first writer wins, and sends the next turn.
+wins), then dispatches the answer's calls (``saga.agents.turn_calls``) through
+``Core.dispatch`` in the model's order, each under its marker ``<turn>:<call>``, which the
+reserve script records with the step. It never waits for a step: whoever settles the turn's
+last step (a tool task, through ``Core.step_settled`` and ``saga.agents.loop_listener``; or
+the turn itself, if every call was refused or settled at once) marks the turn done, first
+writer wins, and sends the next turn.
 
 Crash-safety: a redelivered turn finds its answer recorded and does not ask again; each call
 is either refused (recorded), or already has its step (the dispatcher answers it, and sends
@@ -17,7 +18,6 @@ run's deadline, by the reaper (``run_idle``).
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from dataclasses import dataclass
@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from saga import rules, telemetry
-from saga.agents import approvals
+from saga import telemetry
 from saga.agents.agent import Agent, AgentRegistry, OnLimit
 from saga.agents.launch import publish_agents, send_turn
 from saga.agents.lease import TURN_LEASE_SECONDS, Hold, keeper_for
-from saga.agents.messages import ModelTurn, ToolCall
+from saga.agents.messages import ModelTurn
 from saga.agents.policies import take_turn
+from saga.agents.turn_calls import Placed, dispatch_calls
 from saga.agents.turn_state import (
     LoopState,
     TurnStore,
@@ -39,11 +39,8 @@ from saga.agents.turn_state import (
     transcript_until,
     turn_results,
 )
-from saga.constants import AGENT_TURN_TASK, START_UNWIND_TASK, call_marker
+from saga.constants import AGENT_TURN_TASK, START_UNWIND_TASK
 from saga.errors import (
-    CallRefusedError,
-    DispatchError,
-    InvalidArgumentsError,
     ModelCallError,
     PayloadError,
     RunContendedError,
@@ -51,10 +48,8 @@ from saga.errors import (
     StepsInFlightError,
     StoreUnavailableError,
     UnknownAgentError,
-    UnknownToolError,
 )
-from saga.hooks import RunListener
-from saga.model import OnFailure, RunState, ToolClass
+from saga.model import RunState
 
 if TYPE_CHECKING:
     from saga.core import Core
@@ -65,8 +60,6 @@ logger = logging.getLogger("saga.agents")
 #: Longest wait a provider's Retry-After is honoured for, so a retried turn stays well within
 #: the broker's visibility timeout.
 LONGEST_MODEL_WAIT = 300.0
-#: How often the reaper may send a stalled turn again before it aborts the run as abandoned.
-MAX_REVIVALS = 3
 #: A turn whose model is being asked by another delivery comes back after this long.
 _LEASE_WAIT = 2.0
 #: How often a turn whose run kept changing under its dispatch is played again at once.
@@ -93,7 +86,7 @@ def run_turn(
     if picture is None or state is None:
         logger.error("run %s: turn %d of a run with no agent state; dropped", run_id, turn)
         return None
-    end = (state.end or _end_of(state.ended)) if state.ended else ""
+    end = (state.end or end_of(state.ended)) if state.ended else ""
     if (picture.state is RunState.RUNNING and end) or (
         picture.state is RunState.UNWINDING and end and end != OnLimit.FINISH
     ):
@@ -117,7 +110,7 @@ def run_turn(
         return None
     if state.deadline_open:  # enqueued before any worker said what this agent's deadline is
         core.store.adopt_deadline(run_id, agent.deadline or core.settings.run_deadline_seconds)
-    turns = _turns(core)
+    turns = turn_store(core)
     answer = state.answers.get(turn)
     if answer is None:
         asked = _ask(core, turns, agent, picture, state, turn, attempt)
@@ -133,8 +126,8 @@ def run_turn(
         why = f"tool call limit: {used} made, {len(answer.calls)} more asked for, limit "
         _end(core, run_id, turn, agent.limits.on_limit, f"{why}{agent.limits.max_tool_calls}")
         return None
-    placed = _dispatch_calls(core, turns, agent, picture, state, turn, answer)
-    if placed is _Placed.BY_OTHERS:
+    placed = dispatch_calls(core, turns, agent, picture, state, turn, answer)
+    if placed is Placed.BY_OTHERS:
         advance_if_settled(core, run_id, turn)
     return None
 
@@ -163,7 +156,8 @@ def play_turn(
             pause = min(pause * 2, 2.0)
 
 
-def _turns(core: Core) -> TurnStore:
+def turn_store(core: Core) -> TurnStore:
+    """A hosted run's loop records, under this deployment's size limits."""
     settings = core.settings
     return TurnStore(core.store, settings.max_payload_bytes, settings.max_transcript_bytes)
 
@@ -267,87 +261,6 @@ def _limit_reached(
     return None
 
 
-class _Placed(enum.Enum):
-    """Who will see a turn's calls all placed: what ``_dispatch_calls`` found."""
-
-    #: The run stopped taking calls (it is failing: the unwind needs no more turns).
-    STOPPED = "stopped"
-    #: The last call got a new step here. Every earlier call was placed (or refused) before
-    #: that step was reserved, so its settling, or a later one, finds the turn complete.
-    BY_LAST_STEP = "by_last_step"
-    #: Anything else (the last call refused, waiting, not taken by the broker, or placed by
-    #: an earlier delivery whose steps may all have settled already): the turn checks itself.
-    BY_OTHERS = "by_others"
-
-
-def _dispatch_calls(
-    core: Core,
-    turns: TurnStore,
-    agent: Agent,
-    picture: RunPicture,
-    state: LoopState,
-    turn: int,
-    answer: ModelTurn,
-) -> _Placed:
-    """Dispatch (or refuse) each call in the model's order."""
-    run_id = picture.run_id
-    had_steps = {s.call for s in picture.steps if s.call}
-    placed = _Placed.BY_OTHERS
-    for i, call in enumerate(answer.calls):
-        placed = _Placed.BY_OTHERS
-        if (turn, i) in state.refused:
-            continue
-        refusal = _refusal(agent, call, i, answer)
-        if refusal:
-            turns.record_refusal(run_id, turn, i, refusal)
-            continue
-        tool = agent.tool(call.name)
-        assert tool is not None
-        if tool.name in agent.approval:
-            verdict = approvals.judge(turns, run_id, state, turn, i, call)
-            if verdict is None:
-                continue  # waits for a person; deciding sends this turn again
-            if verdict:
-                turns.record_refusal(run_id, turn, i, verdict)
-                continue
-        marker = call_marker(turn, i)
-        try:
-            core.dispatch(
-                run_id,
-                call.name,
-                call.arguments,
-                marker=marker,
-                feed_back_failure=agent.failure_mode(tool) is OnFailure.FEED_BACK,
-            )
-        except (CallRefusedError, InvalidArgumentsError, UnknownToolError, PayloadError) as exc:
-            turns.record_refusal(run_id, turn, i, str(exc))
-        except RunEndedError:
-            return _Placed.STOPPED
-        except DispatchError:  # released: its step says "not dispatched", and the model is told
-            logger.warning("run %s turn %d: call %d not taken by the broker", run_id, turn, i)
-        else:
-            if marker not in had_steps:
-                placed = _Placed.BY_LAST_STEP
-        _strike(core, "between_dispatches", call.name)
-    return placed
-
-
-def _class_of(agent: Agent, call: ToolCall) -> ToolClass | None:
-    tool = agent.tool(call.name)
-    return None if tool is None or call.error else tool.tool_class
-
-
-def _refusal(agent: Agent, call: ToolCall, i: int, answer: ModelTurn) -> str:
-    """Why call ``i`` is not dispatched at all ('' if it is): the model can act on each."""
-    if call.error:
-        return call.error
-    klass = _class_of(agent, call)
-    if klass is None:
-        return f"unknown tool {call.name!r}; you may call: {', '.join(agent.tool_names)}"
-    others = [(c.name, _class_of(agent, c)) for j, c in enumerate(answer.calls) if j != i]
-    return rules.beside_writes(call.name, klass, [(n, k) for n, k in others if k is not None])
-
-
 def advance_if_settled(core: Core, run_id: str, turn: int) -> None:
     """If every call of ``turn`` is refused or settled, mark the turn done (first writer wins)
     and send the next one. Safe to call any number of times, from anywhere."""
@@ -357,7 +270,7 @@ def advance_if_settled(core: Core, run_id: str, turn: int) -> None:
 
 def _end(core: Core, run_id: str, turn: int, how: OnLimit | str, why: str) -> None:
     """Stop the loop: record why and how (first writer wins), then carry it out."""
-    why, end = _turns(core).mark_ended(run_id, turn, why, OnLimit(how).value)
+    why, end = turn_store(core).mark_ended(run_id, turn, why, OnLimit(how).value)
     logger.info("run %s: the loop ends at turn %d (%s): %s", run_id, turn, end, why)
     _strike(core, "after_loop_ended", "")
     carry_out_end(core, run_id, end, why)
@@ -369,7 +282,7 @@ _NOT_HOSTED = "not_hosted"
 
 def _not_hosted(core: Core, run_id: str, turn: int, why: str) -> None:
     logger.error("run %s: %s", run_id, why)
-    why, end = _turns(core).mark_ended(run_id, turn, f"failed to start: {why}", _NOT_HOSTED)
+    why, end = turn_store(core).mark_ended(run_id, turn, f"failed to start: {why}", _NOT_HOSTED)
     carry_out_end(core, run_id, end, why)
 
 
@@ -396,7 +309,7 @@ def carry_out_end(core: Core, run_id: str, end: str, why: str) -> None:
         pass
 
 
-def _end_of(ended: str) -> str:
+def end_of(ended: str) -> str:
     """The end of a loop recorded before ends said what to do: only a final answer finished."""
     return OnLimit.FINISH.value if ended == "final answer" else OnLimit.UNWIND.value
 
@@ -404,57 +317,6 @@ def _end_of(ended: str) -> str:
 def _strike(core: Core, point: str, name: str) -> None:
     if core.faults is not None:
         core.faults.strike(point, name)
-
-
-class HostedLoop(RunListener):
-    """Moves hosted runs on when their steps settle, and revives a stalled one."""
-
-    def __init__(self, core: Core) -> None:
-        self.core = core
-
-    def step_settled(self, run_id: str, step: int, turn_done: int | None = None) -> None:
-        """The step of a turn's call settled: if it was the turn's last, send the next turn.
-        A success's own script has already checked (``turn_done``); any other outcome is
-        checked here, in one script, whichever step it was."""
-        turn = self.core.store.advance_turn(run_id, step=step) if turn_done is None else turn_done
-        if turn:
-            send_turn(self.core.app, run_id, turn + 1)
-
-    def run_idle(self, run_id: str) -> bool:
-        """The reaper found the run idle past its deadline: move it on if the loop can.
-        Carries out a recorded end; expires the approvals it waits for (and moves on, no
-        revival spent); else sends the current turn again (or, if it is done, the next):
-        its message or the notice of its last step was lost. Gives up after ``MAX_REVIVALS``
-        revivals of one stall (progress in between starts the count afresh)."""
-        picture = self.core.store.picture(run_id)
-        state = LoopState.parse(picture.agent) if picture is not None else None
-        if picture is None or state is None or picture.state is not RunState.RUNNING:
-            return False
-        if state.ended:
-            carry_out_end(self.core, run_id, state.end or _end_of(state.ended), state.ended)
-            return True
-        expired, waiting = approvals.expire_waiting(self.core.store, run_id, state)
-        if expired:
-            logger.info("run %s: %d approval(s) expired; the turn goes on", run_id, expired)
-            self._send_again(run_id, state.current_turn)
-            return True
-        if waiting:
-            return True  # a person has until the request expires; the reaper looks again
-        if _turns(self.core).count_revival(run_id) > MAX_REVIVALS:
-            return False
-        turn = state.current_turn
-        logger.warning("run %s: idle at turn %d; sending it again", run_id, turn)
-        self._send_again(run_id, turn)  # it resumes, then moves the run on itself
-        return True
-
-    def _send_again(self, run_id: str, turn: int) -> None:
-        """Send the turn again for the reaper. A broker that refuses it is no reason to abandon
-        the run (its unwind would need the same broker): the run stays the loop's, and the
-        reaper's next look, a deadline later, sends it again (a revival spent each time)."""
-        try:
-            send_turn(self.core.app, run_id, turn)
-        except Exception as exc:
-            logger.error("run %s: the broker did not take turn %d (%r); later", run_id, turn, exc)
 
 
 def turn_task_options(core: Core) -> dict[str, Any]:

@@ -360,7 +360,7 @@ def _stale_shapes_check(saga: Saga | None) -> Check:
 
     def probe() -> Check:
         # Imported on use: `saga --help` loads none of a command's imports.
-        from saga.guard import stale_shapes
+        from saga.stale_shapes import stale_shapes
 
         scan = stale_shapes(saga.core)
         left = f"; not scanned: {'; '.join(scan.not_scanned)}" if scan.not_scanned else ""

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from saga import Saga
-from saga.agents import ChatModelPolicy, ModelTurn, ScriptedPolicy, ToolCall, launch
-from saga.agents import hosted as hosted_module
+from saga.agents import ChatModelPolicy, ModelTurn, ScriptedPolicy, ToolCall, launch, loop_listener
 from saga.agents.hosted import Again, run_turn
 from saga.agents.turn_state import LoopState, TurnStore, document
 from saga.client import Client
@@ -229,12 +228,12 @@ def test_a_revival_the_broker_refuses_does_not_abandon_the_run(
     def refused(app: Any, run: str, turn: int, *args: Any, **kwargs: Any) -> None:
         raise OperationalError("Error 111 connecting to the broker")
 
-    monkeypatch.setattr(hosted_module, "send_turn", refused)
+    monkeypatch.setattr(loop_listener, "send_turn", refused)
     report = world.reap(now=world.store.now() + 6)
     assert run_id in report.resumed and run_id not in report.abandoned
     assert world.picture(run_id).state is RunState.RUNNING
 
-    monkeypatch.setattr(hosted_module, "send_turn", lambda app, run, turn: sent.append(turn))
+    monkeypatch.setattr(loop_listener, "send_turn", lambda app, run, turn: sent.append(turn))
     report = world.reap(now=world.store.now() + 12)
     assert run_id in report.resumed and sent == [1]
     assert world.picture(run_id).state is RunState.RUNNING

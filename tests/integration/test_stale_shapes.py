@@ -18,7 +18,7 @@ from celery import Celery
 
 from saga import Saga, Settings
 from saga.constants import run_keys
-from saga.guard import stale_shapes
+from saga.stale_shapes import stale_shapes
 from saga.testing import RedisServer, WorkerProcess
 from tests.conftest import ROOT
 

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from saga.agents import Agent, AgentRegistry, Limits, OnFailure, OnLimit, ScriptedPolicy
-from saga.agents.hosted import _limit_reached, _refusal
+from saga.agents.hosted import _limit_reached
 from saga.agents.messages import ModelTurn, ToolCall, ToolResult, Usage
+from saga.agents.turn_calls import _refusal
 from saga.agents.turn_state import LoopState, consecutive_refusals, result_of, transcript_until
 from saga.errors import ToolDefinitionError, UnknownAgentError, UnknownToolError
 from saga.model import StepState, ToolClass
