@@ -16,14 +16,12 @@ live) with the problem as its error, and the caller is told at once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from saga import payload
 from saga.constants import compensation_idempotency_key
 from saga.errors import CompensationBuildError, PayloadError, SagaError
-
-if TYPE_CHECKING:
-    from saga.tools import Tool, ToolRegistry
+from saga.tools import Tool, ToolRegistry
 
 #: The error types of a step that succeeded with a problem: the succeeded step's recorded error
 #: has one of these, and ``StepHandle.result()`` raises the exception of that name.

@@ -17,20 +17,18 @@ import logging
 import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 from sqlalchemy.exc import SQLAlchemyError
 
+from saga.core import Core
 from saga.errors import DatabaseSchemaError
 from saga.records import migrations
 from saga.retry import RetryPolicy
 from saga.settings import Settings
 from saga.stale_shapes import stale_shapes
 from saga.tool_hosts import caller_tools
-
-if TYPE_CHECKING:
-    from saga.core import Core
 
 logger = logging.getLogger("saga.guard")
 

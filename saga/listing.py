@@ -22,12 +22,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from sqlalchemy import and_, exists, or_, select
 from sqlalchemy.orm import Session
 
 from saga.constants import CREATED_RUNS_KEY, agent_key, run_keys
+from saga.records import RecordStore
 from saga.records.models import EscalationRecord, RunRecord, RunStepRecord
 from saga.run_rows import (
     ROW_FIELDS,
@@ -42,10 +43,7 @@ from saga.run_rows import (
 )
 from saga.run_rows import Position as Position  # where the listing's callers find them
 from saga.run_rows import parse_since as parse_since
-
-if TYPE_CHECKING:
-    from saga.records import RecordStore
-    from saga.stack import RunStore
+from saga.stack import RunStore
 
 __all__ = ["RunFilter", "RunPage", "RunRow", "list_runs", "page_of_runs"]
 

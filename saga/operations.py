@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from saga import payload
+from saga.core import Core
 from saga.errors import (
     EscalationResolvedError,
     InvalidArgumentsError,
@@ -36,9 +37,6 @@ from saga.picture import RunPicture
 from saga.records import EscalationRecord
 from saga.records.rows import action_rows, escalation_id, generation_of
 from saga.validation import check_name, check_text
-
-if TYPE_CHECKING:
-    from saga.core import Core
 
 logger = logging.getLogger("saga.operations")
 

@@ -18,21 +18,19 @@ import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from saga import metrics
 from saga.constants import step_idempotency_key
+from saga.core import Core
 from saga.errors import RunEndedError, StoreUnavailableError, UnknownToolError
 from saga.model import RunState, StepState, ToolClass
+from saga.notifications.notifier import Notifier
 from saga.picture import RunPicture
-
-if TYPE_CHECKING:
-    from saga.core import Core
-    from saga.notifications.notifier import Notifier
-    from saga.tools import Tool
+from saga.tools import Tool
 
 logger = logging.getLogger("saga.reaper")
 

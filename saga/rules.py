@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from saga.errors import CallRefusedError, RunEndedError, SagaError, ToolDefinitionError
 from saga.model import CompensationState, OnFailure, RunState, StepState, ToolClass
 from saga.picture import RunPicture, RunView
-
-if TYPE_CHECKING:
-    from saga.tools import Tool
+from saga.tools import Tool
 
 REASON_AFTER_PIVOT = "failed after an irreversible step"
 REASON_COMPENSATION_FAILED = "compensation failed"

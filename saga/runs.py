@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from saga import payload
 from saga.constants import ended_key, settled_key
+from saga.core import Core
 from saga.effects import PROBLEMS, UNDO_PROBLEM
 from saga.errors import (
     CompensationNotBuiltError,
@@ -29,9 +30,6 @@ from saga.model import OnFailure, RunState, StepState
 from saga.picture import RunPicture
 from saga.rules import check_on_failure, failure_mode
 from saga.validation import check_text
-
-if TYPE_CHECKING:
-    from saga.core import Core
 
 
 class StepHandle:

@@ -13,15 +13,13 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
 from saga.constants import ACTIVE_RUNS_KEY, TOOL_TASK_PREFIX, TURN_QUEUE, run_keys
+from saga.core import Core
 from saga.errors import InvalidArgumentsError, UnknownToolError
-
-if TYPE_CHECKING:
-    from saga.core import Core
 
 #: Runs whose stacks one scan reads at most, and messages per queue (and in the unacked hash):
 #: a large deployment is scanned in part, and the report says what was left.

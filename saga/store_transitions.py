@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from saga import payload
 from saga.constants import ended_key
 from saga.model import RunState, ToolClass
 from saga.picture import RunPicture, hashes_of
+from saga.rules import CallGate
 from saga.store_reads import picture_of, read_picture
 from saga.store_scripts import Outcome, StoreCore, outcome_of
-
-if TYPE_CHECKING:
-    from saga.rules import CallGate
 
 #: A revoke's claim saying the running execution was killed (SIGKILL): its lease ends with it.
 REVOKE_KILLED = "killed"

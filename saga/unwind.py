@@ -16,14 +16,13 @@ from saga import rules
 from saga.constants import CONCLUDE_UNWIND_TASK, tool_task_name
 from saga.errors import UnknownToolError
 from saga.model import CompensationState
+from saga.picture import RunPicture
+from saga.stack import RunStore
+from saga.tools import ToolRegistry
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # Celery's types only: its classes are not needed to run this
     from celery import Celery
     from celery.canvas import Signature
-
-    from saga.picture import RunPicture
-    from saga.stack import RunStore
-    from saga.tools import ToolRegistry
 
 
 def unwind_chain(

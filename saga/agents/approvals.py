@@ -12,14 +12,12 @@ one of the run's revivals.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from saga.agents.messages import ToolCall
 from saga.agents.turn_state import LoopState, TurnStore, args_hash
 from saga.constants import call_marker
-
-if TYPE_CHECKING:
-    from saga.stack import RunStore
+from saga.stack import RunStore
 
 
 def expired_message(tool: str) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
@@ -40,6 +40,7 @@ from saga.agents.turn_state import (
     turn_results,
 )
 from saga.constants import AGENT_TURN_TASK, START_UNWIND_TASK
+from saga.core import Core
 from saga.errors import (
     ModelCallError,
     PayloadError,
@@ -50,10 +51,7 @@ from saga.errors import (
     UnknownAgentError,
 )
 from saga.model import RunState
-
-if TYPE_CHECKING:
-    from saga.core import Core
-    from saga.picture import RunPicture
+from saga.picture import RunPicture
 
 logger = logging.getLogger("saga.agents")
 

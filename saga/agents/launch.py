@@ -16,17 +16,14 @@ import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from saga import metrics
+from saga.agents.agent import Agent
 from saga.constants import AGENT_TURN_TASK, AGENTS_KEY, TURN_QUEUE, agent_key, turn_task_id
 from saga.errors import MessageNotSentError, PayloadError, RunExistsError, UnknownAgentError
-from saga.stack import RunStore
+from saga.stack import RunHead, RunStore
 from saga.validation import check_agent_name, check_deadline, check_run_id, check_text
-
-if TYPE_CHECKING:
-    from saga.agents.agent import Agent
-    from saga.stack import RunHead
 
 logger = logging.getLogger("saga.agents")
 

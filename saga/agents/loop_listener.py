@@ -10,17 +10,14 @@ sees the turn done, or the turn lost.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from saga.agents import approvals
 from saga.agents.hosted import carry_out_end, end_of, turn_store
 from saga.agents.launch import send_turn
 from saga.agents.turn_state import LoopState
+from saga.core import Core
 from saga.hooks import RunListener
 from saga.model import RunState
-
-if TYPE_CHECKING:
-    from saga.core import Core
 
 logger = logging.getLogger("saga.agents")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import TYPE_CHECKING
 
 from saga import rules
 from saga.agents import approvals
@@ -19,6 +18,7 @@ from saga.agents.agent import Agent
 from saga.agents.messages import ModelTurn, ToolCall
 from saga.agents.turn_state import LoopState, TurnStore
 from saga.constants import call_marker
+from saga.core import Core
 from saga.errors import (
     CallRefusedError,
     DispatchError,
@@ -28,10 +28,7 @@ from saga.errors import (
     UnknownToolError,
 )
 from saga.model import OnFailure, ToolClass
-
-if TYPE_CHECKING:
-    from saga.core import Core
-    from saga.picture import RunPicture
+from saga.picture import RunPicture
 
 logger = logging.getLogger("saga.agents")
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from saga.escalations.schema import (
     SCHEMA_VERSION,
@@ -26,11 +26,9 @@ from saga.escalations.schema import (
 )
 from saga.model import CompensationState, RunState, StepState, ToolClass
 from saga.picture import CompensationRecord, RunPicture
+from saga.records import EscalationRecord, RunRecord
 from saga.rules import not_undone
 from saga.validation import generation_of
-
-if TYPE_CHECKING:
-    from saga.records import EscalationRecord, RunRecord
 
 
 def iso(timestamp: float | None) -> str | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from saga.escalations.document import (
     failed_from_record,
@@ -31,15 +30,13 @@ from saga.escalations.schema import (
 )
 from saga.model import RunState, StepState
 from saga.picture import RunPicture
+from saga.records import EscalationRecord, RunRecord
 from saga.rules import (
     REASON_AFTER_PIVOT,
     REASON_COMPENSATION_FAILED,
     REASON_COMPENSATION_NOT_BUILT,
 )
 from saga.validation import generation_of
-
-if TYPE_CHECKING:
-    from saga.records import EscalationRecord, RunRecord
 
 #: Verdicts written elsewhere: by ``record_success.lua`` (an effect landed on a judged step of
 #: an ended run) and by ``RecordStore.record_unreadable`` (the reaper's own escalation).

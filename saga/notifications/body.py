@@ -8,14 +8,12 @@ receivers deduplicate on it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from saga.escalations.package import escalation_package
 from saga.escalations.schema import SCHEMA_VERSION as SCHEMA_VERSION
-
-if TYPE_CHECKING:
-    from saga.picture import RunPicture
-    from saga.records import EscalationRecord, RunRecord
+from saga.picture import RunPicture
+from saga.records import EscalationRecord, RunRecord
 
 NOTICE_TYPE = "saga.escalation"
 

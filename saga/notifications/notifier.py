@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
 from saga import metrics
 from saga.constants import NOTIFY_TASK, notice_task_id
+from saga.core import Core
 from saga.errors import NotificationError, StoreUnavailableError
 from saga.escalations.invocation import command_for
 from saga.hooks import RunListener
@@ -26,12 +26,8 @@ from saga.notifications.body import notification_body
 from saga.notifications.sinks import SINKS
 from saga.notifications.store import NoticeStore
 from saga.notify_settings import NotifySettings
-from saga.records import EscalationRecord
-
-if TYPE_CHECKING:
-    from saga.core import Core
-    from saga.picture import RunPicture
-    from saga.records import RunRecord
+from saga.picture import RunPicture
+from saga.records import EscalationRecord, RunRecord
 
 logger = logging.getLogger("saga.notifications")
 

@@ -8,17 +8,15 @@ visibility timeout, like a tool's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Celery, Task
 
 from saga.constants import NOTIFY_TASK
 from saga.errors import NotificationError
+from saga.notifications.notifier import Notifier
+from saga.notify_settings import NotifySettings
 from saga.retry import RetryPolicy
-
-if TYPE_CHECKING:
-    from saga.notifications.notifier import Notifier
-    from saga.notify_settings import NotifySettings
 
 
 def install_notify_task(app: Celery, notifier: Notifier) -> None:

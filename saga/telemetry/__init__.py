@@ -14,17 +14,15 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from saga import metrics
+from saga.agents.agent import Agent
+from saga.agents.messages import ModelTurn
 from saga.errors import StepInDoubtError
+from saga.picture import RunPicture
 from saga.telemetry import tracing
-
-if TYPE_CHECKING:
-    from saga.agents.agent import Agent
-    from saga.agents.messages import ModelTurn
-    from saga.picture import RunPicture
-    from saga.tools import Tool
+from saga.tools import Tool
 
 logger = logging.getLogger("saga.telemetry")
 _PROVIDERS = {"openai_chat": "openai", "openai_responses": "openai", "anthropic": "anthropic"}
