@@ -176,7 +176,7 @@ class Core(Dispatcher):
     def start_unwind(self, run_id: str, owner: str) -> bool:
         """Queue the compensations still to run, most recent first, as one Celery chain ending
         in ``saga.conclude_unwind`` (which the last compensation's task makes itself when it
-        can: ``saga.worker``); past the pivot, conclude at once (escalate, no unwinding).
+        can: ``saga.compensation``); past the pivot, conclude at once (escalate, no unwinding).
 
         Only the owner of the unwind calls this. It sends first and marks sent after, so a
         crash in between makes the redelivered owner send again (the compensations check

@@ -21,8 +21,9 @@ from celery import Celery
 from celery.exceptions import Ignore
 
 from saga import RetryPolicy, Saga, Settings, StepContext, ToolClass, ToolRegistry, Undo
+from saga.compensation import compensate
 from saga.constants import ACTIVE_RUNS_KEY, CONCLUDE_UNWIND_TASK, run_keys
-from saga.worker import _compensate, _forward
+from saga.forward import run_step
 from tests.conftest import TEST_DB, redis_url_with_db
 
 # Below the session's database (TEST_DB); test_operations and test_listing take the two above.
@@ -148,7 +149,7 @@ class Harness:
         kwargs = message.kwargs
         try:
             if kwargs.get("compensates") is not None:
-                result = _compensate(
+                result = compensate(
                     self.saga.core,
                     task,
                     tool,
@@ -157,7 +158,7 @@ class Harness:
                     kwargs.get("unwind", ""),
                 )
             else:
-                result = _forward(
+                result = run_step(
                     self.saga.core,
                     task,
                     tool,

@@ -18,9 +18,10 @@ from sqlalchemy.exc import DataError, OperationalError
 from saga import RunState, StepState
 from saga.constants import ACTIVE_RUNS_KEY, run_keys, step_idempotency_key
 from saga.errors import DispatchError, MessageNotSentError
+from saga.forward import settle_success
 from saga.model import CompensationState
 from saga.reaper import ReapReport, _resolve
-from saga.worker import _on_revoked, _settle_success
+from saga.revoke import on_revoked
 from tests.integration.engine_harness import Harness, harness
 
 CREDIT = "tools.issue_credit"
@@ -112,7 +113,7 @@ def test_defect_2_the_reaper_never_fails_a_step_that_began(
     assert store.record_failure(run_id, step, error, "never_started").status == "began"
     assert h.saga.picture(run_id).step(step).state is StepState.RUNNING
     tool = h.registry.get("issue_credit")
-    _settle_success(h.saga.core, tool, run_id, step, message.kwargs["args"], {"credit_id": "x"})
+    settle_success(h.saga.core, tool, run_id, step, message.kwargs["args"], {"credit_id": "x"})
     picture = h.saga.picture(run_id)
     assert (picture.state, picture.step(step).state) == (RunState.RUNNING, StepState.SUCCEEDED)
     assert [e["step"] for e in picture.stack] == [step]
@@ -128,7 +129,7 @@ def test_defect_3_a_revoke_of_a_step_that_began_asks_the_lookup(h: Harness) -> N
     h.saga.store.begin_step(run_id, step, "issue_credit", '{"amount":100}', "c1", 0.0)
     h.world.credits[step_idempotency_key(run_id, step)] = 100
     # When its redelivery is revoked without terminating anything
-    _on_revoked(h.saga.core, revoke_request(message), terminated=False)
+    on_revoked(h.saga.core, revoke_request(message), terminated=False)
     h.drain()
     # Then the lookup found it, and it was undone
     picture = h.saga.picture(run_id)
@@ -141,7 +142,7 @@ def test_defect_3_a_revoke_of_a_step_never_begun_fails_it(h: Harness) -> None:
     """A revoked step that no delivery began never ran: failed, no lookup, nothing to undo."""
     run_id = h.start()
     step = credit_step(h, run_id)
-    _on_revoked(h.saga.core, revoke_request(h.take(CREDIT, step=step)), terminated=True)
+    on_revoked(h.saga.core, revoke_request(h.take(CREDIT, step=step)), terminated=True)
     h.drain()
     picture = h.saga.picture(run_id)
     assert (picture.step(step).state, picture.state) == (StepState.FAILED, RunState.COMPENSATED)
@@ -155,7 +156,7 @@ def test_defect_4_an_unencodable_result_escalates_instead_of_looping(h: Harness)
     h.saga.store.begin_step(run_id, step, "issue_credit", '{"amount":100}', "c", 30.0)
     tool = h.registry.get("issue_credit")
     bad = {"credit_id": step_idempotency_key(run_id, step), "title": "Refund \ud83d"}
-    _settle_success(h.saga.core, tool, run_id, step, {"amount": 100}, bad)
+    settle_success(h.saga.core, tool, run_id, step, {"amount": 100}, bad)
     h.world.credits[step_idempotency_key(run_id, step)] = 100
     h.drain()
     picture = h.saga.picture(run_id)
@@ -277,7 +278,7 @@ def test_defect_8_a_late_landing_with_the_database_down_is_escalated_later(h: Ha
     )
     tool = h.registry.get("issue_credit")
     with pytest.raises(OperationalError):
-        _settle_success(h.saga.core, tool, run_id, step, message.kwargs["args"], {"credit_id": "c"})
+        settle_success(h.saga.core, tool, run_id, step, message.kwargs["args"], {"credit_id": "c"})
     records.record_outcome = real  # type: ignore[method-assign]
     assert run_id in h.saga.store.active_runs()
     h.saga.reap(now=h.saga.store.now() + 400)
@@ -301,7 +302,7 @@ def test_defect_9_a_lost_reply_to_record_success_keeps_unwind_ownership(h: Harne
     )
     first = h.saga.store.record_success(run_id, step, result_json, entry_json, False)
     assert first.owns_unwind  # ... and this answer is lost on the wire
-    _settle_success(h.saga.core, tool, run_id, step, message.kwargs["args"], result)  # the retry
+    settle_success(h.saga.core, tool, run_id, step, message.kwargs["args"], result)  # the retry
     h.drain()
     assert h.saga.picture(run_id).state is RunState.COMPENSATED
     assert h.world.reversals == [f"{run_id}:{step}:undo"]
@@ -396,7 +397,7 @@ def test_defect_12_a_late_landing_on_an_unknown_step_is_recorded_with_its_stack(
     h.saga.store.begin_step(run_id, step, "issue_credit", '{"amount":100}', "c", 0.0)
     judge_unknown(h, run_id, step)
     tool = h.registry.get("issue_credit")
-    _settle_success(h.saga.core, tool, run_id, step, message.kwargs["args"], {"credit_id": "c"})
+    settle_success(h.saga.core, tool, run_id, step, message.kwargs["args"], {"credit_id": "c"})
     [escalation] = h.saga.records.escalations(run_id, open_only=True)
     assert [e["tool"] for e in escalation.stack] == ["reverse_credit"]
     for key in run_keys(run_id):
@@ -516,7 +517,7 @@ def test_a_stale_revoke_of_a_compensation_changes_nothing(h: Harness) -> None:
     h.saga.abort(run_id, "cancelled")
     old = h.take(REVERSE)
     h.saga.reap(now=h.saga.store.now() + 5)  # the unwind looked stalled: a new owner
-    _on_revoked(h.saga.core, revoke_request(old), terminated=False)
+    on_revoked(h.saga.core, revoke_request(old), terminated=False)
     [undo] = h.saga.picture(run_id).compensations
     assert undo.state is CompensationState.PENDING
     h.drain()
@@ -576,7 +577,7 @@ def test_a_terminate_revoke_waits_for_the_lease_before_asking_the_lookup(h: Harn
     step = credit_step(h, run_id)
     message = h.take(CREDIT, step=step)
     h.saga.store.begin_step(run_id, step, "issue_credit", '{"amount":100}', "c", 0.5)
-    _on_revoked(h.saga.core, revoke_request(message), terminated=True)
+    on_revoked(h.saga.core, revoke_request(message), terminated=True)
     step_record = h.saga.picture(run_id).step(step)
     assert (step_record.state, step_record.reconciled) == (StepState.IN_DOUBT, "")
     assert h.saga.reap(now=h.saga.store.now() + 5).in_doubt == []  # the lease still holds
@@ -599,7 +600,7 @@ def test_a_requeue_waits_for_the_lease_of_an_undo_revoked_while_running(h: Harne
     undo = h.take(REVERSE)
     store = h.saga.store
     assert store.begin_compensation(run_id, 1, "first", undo.task_id, "abort", 0.5).status == "run"
-    _on_revoked(h.saga.core, revoke_request(undo), terminated=True)
+    on_revoked(h.saga.core, revoke_request(undo), terminated=True)
     h.drain()
     assert h.saga.picture(run_id).state is RunState.ESCALATED
 
@@ -623,7 +624,7 @@ def test_an_undo_revoked_while_running_frees_its_lease_when_it_reports(h: Harnes
     undo = h.take(REVERSE)
     store = h.saga.store
     assert store.begin_compensation(run_id, 1, "first", undo.task_id, "abort", 30.0).status == "run"
-    _on_revoked(h.saga.core, revoke_request(undo), terminated=False)
+    on_revoked(h.saga.core, revoke_request(undo), terminated=False)
     h.drain()
     h.saga.requeue_failed_compensations(run_id)
 
@@ -646,7 +647,7 @@ def test_an_older_undo_waits_for_a_newer_one_revoked_while_running(h: Harness) -
     newer = h.take(REVERSE)
     store = h.saga.store
     assert store.begin_compensation(run_id, 2, "d2", newer.task_id, "abort", 30.0).status == "run"
-    _on_revoked(h.saga.core, revoke_request(newer), terminated=True)
+    on_revoked(h.saga.core, revoke_request(newer), terminated=True)
 
     older = store.begin_compensation(run_id, 1, "d1", "t1", "abort", 30.0)
     assert older.status == "busy"

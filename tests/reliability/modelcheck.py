@@ -103,7 +103,15 @@ from saga import (
 )
 from saga.constants import CONCLUDE_UNWIND_TASK, TOOL_TASK_PREFIX
 from saga.testing import RedisServer
-from saga.worker import _compensate, _forward, _on_revoked
+
+try:
+    from saga.compensation import compensate
+    from saga.forward import run_step
+    from saga.revoke import on_revoked
+except ImportError:  # older code, from before the worker's split: all three in saga.worker
+    from saga.worker import _compensate as compensate
+    from saga.worker import _forward as run_step
+    from saga.worker import _on_revoked as on_revoked
 
 # =============================================================================================
 # Adapter: every touch-point on the saga library. The engine's internals are being rewritten;
@@ -429,8 +437,8 @@ class Engine:
         run_id = kwargs["run_id"]
         if kwargs.get("compensates") is not None:
             unwind = kwargs.get("unwind", "")
-            return _compensate(self.core, task, tool, run_id, int(kwargs["compensates"]), unwind)
-        return _forward(
+            return compensate(self.core, task, tool, run_id, int(kwargs["compensates"]), unwind)
+        return run_step(
             self.core, task, tool, run_id, int(kwargs["step"]), kwargs.get("args") or {}
         )
 
@@ -443,7 +451,7 @@ class Engine:
             id=message.task_id,
             root_id=message.root_id,
         )
-        _on_revoked(self.core, request, terminated)
+        on_revoked(self.core, request, terminated)
 
     def lease_ran_out(self, info: MessageInfo, alive: frozenset[str] = frozenset()) -> None:
         """The delivery of this step or undo died and its message comes back only after the

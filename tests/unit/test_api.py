@@ -95,7 +95,17 @@ ERROR_CLASSES = [
 
 #: Only these modules may talk to Celery; the rules and the stack must not need it. The web
 #: app's client builds a Celery app of its own, to send tasks by name.
-CELERY_MODULES = {"engine.py", "core.py", "dispatch.py", "worker.py", "client.py", "unwind.py"}
+CELERY_MODULES = {
+    "engine.py",
+    "core.py",
+    "dispatch.py",
+    "worker.py",
+    "forward.py",
+    "compensation.py",
+    "delivery.py",
+    "client.py",
+    "unwind.py",
+}
 _CELERY_IMPORT = re.compile(r"^\s*(import\s+celery\b|from\s+celery\b)", re.MULTILINE)
 
 

@@ -1,0 +1,157 @@
+"""A compensation: one delivery of ``tools.<name>`` undoing a step, and the unwind's chain
+carried on from it, so that the older undos and the conclusion still run however this one
+ends (done, replayed, or failed for good).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery, Task
+from celery.canvas import signature
+from celery.exceptions import Ignore
+
+from saga import metrics, payload
+from saga.constants import CONCLUDE_UNWIND_TASK
+from saga.core import Core
+from saga.delivery import (
+    BUSY_WAIT,
+    call_tool,
+    claim_of,
+    error_of,
+    patiently,
+    retryable,
+    strike,
+)
+from saga.errors import StepInDoubtError
+from saga.model import StepContext
+from saga.tools import Tool
+
+# The workers' logger, whichever of their modules logs: operators and tests match its name.
+logger = logging.getLogger("saga.worker")
+
+
+def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwind: str) -> Any:
+    store = core.store
+    claim = claim_of(task)
+    task_id = str(task.request.id or "")
+    begin = patiently(
+        core,
+        f"run {run_id} undo {step}: begin",
+        store.begin_compensation,
+        run_id,
+        step,
+        claim,
+        task_id,
+        unwind,
+        core.lease_seconds,
+    )
+    if begin.status in ("done", "failed"):  # settled already (a redelivery): pass the chain on
+        logger.info("run %s: compensation of step %d already %s", run_id, step, begin.status)
+        _conclude_here(core, task, run_id)
+        return {"compensated": step, "replayed": True}
+    if begin.status == "busy":  # another execution (or a newer undo) still runs: wait for it
+        raise task.retry(countdown=min(float(begin.values[0]), BUSY_WAIT.backoff_max))
+    if begin.status != "run":  # a stale chain, or the run is gone: stop this chain here
+        logger.warning("run %s: compensation of step %d not run: %s", run_id, step, begin)
+        raise Ignore()
+    attempt, entry = int(begin.values[0]), payload.loads(begin.values[1])
+    if attempt > tool.retry.attempts + core.settings.max_redeliveries:
+        message = f"started {attempt - 1} times without an outcome (a crash loop?)"
+        error = {"type": "AttemptsExceeded", "message": message}
+        _record_compensation(core, run_id, step, "fail", error, claim)
+        metrics.compensation(tool.name, "failed")
+        _continue_chain(core, task, run_id)
+        raise StepInDoubtError(f"run {run_id}: compensation of step {step}: {message}")
+    ctx = StepContext(run_id, step, entry["idempotency_key"], attempt, compensating=True)
+    try:
+        strike(core, "before_compensation", tool)
+        call_tool(tool, ctx, entry["args"])
+        strike(core, "after_compensation", tool)
+    except Exception as exc:
+        if retryable(exc) and tool.retry.allows_another(attempt):
+            _record_compensation(core, run_id, step, "retry", error_of(exc, attempt), claim)
+            metrics.compensation(tool.name, "retried")
+            raise task.retry(exc=exc, countdown=tool.retry.delay(attempt)) from exc
+        _record_compensation(core, run_id, step, "fail", error_of(exc, attempt), claim)
+        metrics.compensation(tool.name, "failed")
+        logger.error(
+            "run %s: compensation %s of step %d failed for good after %d attempt(s): %s",
+            run_id,
+            tool.name,
+            step,
+            attempt,
+            exc,
+        )
+        _continue_chain(core, task, run_id)
+        raise
+    _record_compensation(core, run_id, step, "done", None, claim)
+    metrics.compensation(tool.name, "done")
+    _conclude_here(core, task, run_id)
+    return {"compensated": step}
+
+
+def _record_compensation(
+    core: Core, run_id: str, step: int, outcome: str, error: dict[str, Any] | None, claim: str
+) -> None:
+    """An undo's outcome, kept however briefly the stack's Redis is away (a repeat whose first
+    call landed is answered as a duplicate)."""
+    patiently(
+        core,
+        f"run {run_id} undo {step}: {outcome}",
+        core.store.record_compensation,
+        run_id,
+        step,
+        outcome,
+        error,
+        claim,
+    )
+
+
+def _conclude_here(core: Core, task: Task, run_id: str) -> None:
+    """When all that is left of this unwind's chain is its conclusion, conclude here rather
+    than send it: the call ``saga.conclude_unwind`` would make, one Celery message fewer per
+    unwind. The compensation's outcome is recorded already, as it is when the tracer sends
+    that message, and a redelivery of this task replays its outcome and comes here again.
+    If the conclusion raises (the stack's Redis or the records database away), the message is
+    sent as before and retries on its own."""
+    chain = task.request.chain
+    if not chain or len(chain) != 1:
+        return
+    following = chain[0]
+    kwargs = following.get("kwargs") or {}
+    if following.get("task") != CONCLUDE_UNWIND_TASK or kwargs.get("run_id") != run_id:
+        return
+    try:
+        core.conclude(run_id, str(kwargs.get("owner") or ""), kwargs.get("sent_at"))
+    except Exception as exc:
+        logger.warning("run %s: concluding after its last undo failed (%r): sent", run_id, exc)
+        return
+    task.request.chain = None  # concluded: Celery's tracer has nothing left to send
+
+
+def _continue_chain(core: Core, task: Task, run_id: str) -> None:
+    """Send the rest of the unwind although this compensation failed.
+
+    The seed's rule: a failed compensation is recorded and the older ones still run. Celery
+    stops a chain at a failed task, so the task hands the chain on itself, as Celery's tracer
+    does on success (concluding here when nothing else is left), and then fails visibly
+    (Flower shows it red).
+    """
+    _conclude_here(core, task, run_id)
+    remaining = list(task.request.chain or [])
+    task.request.chain = None
+    try:
+        send_rest(task.app, remaining, task.request.id, task.request.root_id)
+    except Exception:
+        # The failure is recorded; the run stays unwinding and the reaper takes the unwind
+        # over at its deadline. The task still fails with the compensation's own error.
+        logger.exception("run %s: the rest of the unwind could not be sent", task.request.id)
+
+
+def send_rest(app: Celery, remaining: list[Any], parent_id: Any, root_id: Any) -> None:
+    if not remaining:
+        return
+    following = signature(remaining[-1], app=app)
+    following.apply_async(chain=remaining[:-1], parent_id=parent_id, root_id=root_id)
