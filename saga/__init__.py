@@ -59,6 +59,8 @@ from saga.model import (
     Undo,
 )
 
+# For type checkers: these names are exported lazily (``__getattr__`` below), so ``import saga``
+# loads neither Celery nor the engine until a name is used.
 if TYPE_CHECKING:
     from saga.engine import Saga
     from saga.hooks import SagaHooks

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from celery import Celery
+from celery.canvas import Signature
 
 from saga import rules
 from saga.constants import CONCLUDE_UNWIND_TASK, tool_task_name
@@ -19,10 +22,6 @@ from saga.model import CompensationState
 from saga.picture import RunPicture
 from saga.stack import RunStore
 from saga.tools import ToolRegistry
-
-if TYPE_CHECKING:  # Celery's types only: its classes are not needed to run this
-    from celery import Celery
-    from celery.canvas import Signature
 
 
 def unwind_chain(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+# Types only: a command imports these on use (``saga --help`` loads none of them).
 if TYPE_CHECKING:
     from rich.console import Console
 

@@ -20,6 +20,7 @@ from saga.cli.context import Env, ExitCode, Failure, emit_json, mask
 from saga.constants import TOOL_TASK_PREFIX, TURN_QUEUE
 from saga.errors import DatabaseSchemaError
 
+# Types only: a command imports these on use (``saga --help`` loads none of them).
 if TYPE_CHECKING:
     from celery import Celery
 

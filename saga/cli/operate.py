@@ -33,6 +33,7 @@ from saga.errors import (
 )
 from saga.validation import check_run_id
 
+# Types only: a command imports these on use (``saga --help`` loads none of them).
 if TYPE_CHECKING:
     from saga.stack import RunHead, RunStore
 

@@ -11,6 +11,7 @@ from saga.cli.context import Env, emit_json, not_found, parse_since, when
 from saga.model import RunState
 from saga.validation import check_run_id
 
+# Types only: a command imports these on use (``saga --help`` loads none of them).
 if TYPE_CHECKING:
     from rich.table import Table
 

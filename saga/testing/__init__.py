@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# For type checkers: these names are exported lazily (``__getattr__`` below), so importing the
+# kit loads no worker process code until a name is used.
 if TYPE_CHECKING:
     from saga.testing.faults import (
         FAULT_POINTS,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+# Types only: the plugin loads with every test session; its fixtures import these on use.
 if TYPE_CHECKING:
     from saga.engine import Saga
     from saga.testing.fake_models import FakeModel

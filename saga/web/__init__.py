@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# For type checkers: ``create_app`` is exported lazily: FastAPI loads where the app is built.
 if TYPE_CHECKING:
     from saga.web.app import create_app
 

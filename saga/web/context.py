@@ -12,14 +12,15 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from saga.client import Client
 from saga.errors import ConfigurationError, NoAppError
+from saga.records import RecordStore
+from saga.stack import RunStore
+from saga.web.settings import WebSettings
 
+# Types only: the engine loads where an app is named (``load_app``), not in every web process.
 if TYPE_CHECKING:
-    from saga.client import Client
     from saga.engine import Saga
-    from saga.records import RecordStore
-    from saga.stack import RunStore
-    from saga.web.settings import WebSettings
 
 
 @dataclass
