@@ -15,10 +15,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saga import payload
-from saga.core import Core
 from saga.errors import (
     EscalationResolvedError,
     InvalidArgumentsError,
@@ -37,6 +36,11 @@ from saga.picture import RunPicture
 from saga.records import EscalationRecord
 from saga.records.rows import action_rows, escalation_id, generation_of
 from saga.validation import check_name, check_text
+
+# Types only: ``saga escalations`` reads this module's signatures (``requeue``'s corrections)
+# without loading Celery, which the core brings.
+if TYPE_CHECKING:
+    from saga.core import Core
 
 logger = logging.getLogger("saga.operations")
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saga.errors import CallRefusedError, RunEndedError, SagaError, ToolDefinitionError
 from saga.model import CompensationState, OnFailure, RunState, StepState, ToolClass
 from saga.picture import RunPicture, RunView
-from saga.tools import Tool
+
+# Types only: the records and the CLI's read-only commands load the rules, and must not load
+# the tool declarations (pydantic) with them.
+if TYPE_CHECKING:
+    from saga.tools import Tool
 
 REASON_AFTER_PIVOT = "failed after an irreversible step"
 REASON_COMPENSATION_FAILED = "compensation failed"
