@@ -9,6 +9,7 @@ sees them; ``saga.testing.Faults`` is the testing kit that writes them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -34,6 +35,8 @@ FAULT_POINTS = (
     "after_escalation_recorded",
 )
 FAULTS_ENV = "SAGA_TESTING_FAULTS"
+
+logger = logging.getLogger("saga.testing")
 
 _HIT = """
 local actions = {}
@@ -71,8 +74,18 @@ class FaultPoints:
         self._hit = client.register_script(_HIT)
 
     def strike(self, point: str, tool: str) -> None:
-        """Called by the worker at each point; acts on the rules that match this call."""
-        for raw in self._hit(keys=[FAULTS_KEY, FAULT_COUNTS_KEY], args=[point, tool]):
+        """Called by the worker at each point; acts on the rules that match this call.
+
+        Redis away (a test that kills it) strikes nothing: the rules cannot be read, and the
+        point must not fail in a way no production worker, which has no points, ever would."""
+        try:
+            hits = self._hit(keys=[FAULTS_KEY, FAULT_COUNTS_KEY], args=[point, tool])
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            logger.warning(
+                "fault point %s of %r: rules unreadable (%s); none struck", point, tool, exc
+            )
+            return
+        for raw in hits:
             rule = json.loads(raw)
             if rule["action"] == "delay":
                 time.sleep(rule["seconds"])

@@ -230,7 +230,14 @@ def test_a_turn_that_finds_the_stack_redis_away_plays_on_once_it_is_back(
         env.faults.delay("get_order", 3.0, point="between_dispatches")
         turn_worker(env)
         run_id = client.enqueue_run("parallel", "Refund order 4921.")
-        wait_until(lambda: client.get_run(run_id).steps, 10, "the first call")
+
+        def first_call_settled() -> bool:
+            steps = client.get_run(run_id).steps
+            return bool(steps) and steps[0]["state"] == "succeeded"
+
+        # (settled, so the outage meets the turn, not that call's own delivery, which would
+        # wait it out past its time limit and leave the step to the reaper)
+        wait_until(first_call_settled, 10, "the first call")
 
         # When the stack's Redis is away as the turn goes on dispatching
         env.redis.kill()
