@@ -40,7 +40,8 @@ copies side by side (seeds ``S*100+j``, each its share of the examples) and sums
 
 Symptoms (each an exception class ``Violation_<symptom>``): ``stuck-<state>``,
 ``stalled-without-reaper`` (an unwind only the reaper could end although no message of the run
-was lost), ``sql-disagrees``, ``escalated-without-open-escalation``,
+was lost), ``sql-disagrees``, ``unrecorded`` (an ended run whose keys never say recorded),
+``escalated-without-open-escalation``,
 ``open-escalation-after-end``, ``live-in-compensated-run``, ``irreversible-in-compensated-run``,
 ``live-not-escalated``, ``undone-in-completed-run``, ``undo-of-nothing``, ``undone-twice``,
 ``undo-order``, ``one-call-applied-twice``, ``concurrent-{forward,undo}-{same-task,
@@ -532,6 +533,11 @@ class Engine:
     def redis_state(self, run_id: str) -> str | None:
         picture = self._real_picture(run_id)
         return None if picture is None else str(picture.state.value)
+
+    def redis_recorded(self, run_id: str) -> bool:
+        """Whether the run's keys say its end is in SQL (not only some earlier record)."""
+        picture = self._real_picture(run_id)
+        return picture is not None and picture.recorded
 
     def sql_state(self, run_id: str) -> str | None:
         record = self._read_run(run_id)
@@ -1897,10 +1903,20 @@ class ModelCheck(RuleBasedStateMachine):
         for offset in (CLOCKS["past_deadline"], CLOCKS["past_time_limit"], *farther):
             for _ in range(3):
                 # Ended and recorded (an ended run whose record waits for the database is the
-                # reaper's to write once the database is back).
-                states = [(self.engine.redis_state(r), self.engine.sql_state(r)) for r in self.runs]
+                # reaper's to write once the database is back). Recorded as the keys say: SQL
+                # may hold an earlier record of the same state (a reaper's stale pass wrote the
+                # run's first escalation after a requeue moved it on to its second).
+                states = [
+                    (
+                        self.engine.redis_state(r),
+                        self.engine.sql_state(r),
+                        self.engine.redis_recorded(r),
+                    )
+                    for r in self.runs
+                ]
                 if all(
-                    s in ("completed", "compensated", "escalated") and s == q for s, q in states
+                    s in ("completed", "compensated", "escalated") and s == q and recorded
+                    for s, q, recorded in states
                 ):
                     break
                 self.reap_at(offset, touch=False)
@@ -1916,6 +1932,8 @@ class ModelCheck(RuleBasedStateMachine):
         sql = self.engine.sql_state(run_id)
         if sql != state:
             self.violation("sql-disagrees", run_id, f"Redis says {state}, SQL says {sql}")
+        if not self.engine.redis_recorded(run_id):
+            self.violation("unrecorded", run_id, f"{state}, its end never recorded in SQL")
         escalations = self.engine.open_escalations(run_id)
         if state == "escalated" and not escalations:
             self.violation("escalated-without-open-escalation", run_id, "no open escalation row")
