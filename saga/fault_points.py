@@ -18,6 +18,7 @@ import redis
 
 from saga.constants import FAULT_COUNTS_KEY, FAULTS_KEY
 from saga.errors import FaultInjectionDisabledError, InjectedFaultError
+from saga.redis_errors import unavailable
 
 #: Where a fault can strike in a worker: around a tool's effect or a compensation, and in a
 #: hosted turn (``tool`` is then the agent's name after the answer is recorded, and the
@@ -76,11 +77,14 @@ class FaultPoints:
     def strike(self, point: str, tool: str) -> None:
         """Called by the worker at each point; acts on the rules that match this call.
 
-        Redis away (a test that kills it) strikes nothing: the rules cannot be read, and the
-        point must not fail in a way no production worker, which has no points, ever would."""
+        Redis away (a test that kills it or fails it over) strikes nothing: the rules cannot be
+        read, and the point must not fail in a way no production worker, which has no points,
+        ever would."""
         try:
             hits = self._hit(keys=[FAULTS_KEY, FAULT_COUNTS_KEY], args=[point, tool])
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except redis.RedisError as exc:
+            if not unavailable(exc):
+                raise
             logger.warning(
                 "fault point %s of %r: rules unreadable (%s); none struck", point, tool, exc
             )

@@ -43,7 +43,7 @@ from saga.run_rows import (
 )
 from saga.run_rows import Position as Position  # where the listing's callers find them
 from saga.run_rows import parse_since as parse_since
-from saga.stack import RunStore
+from saga.stack import RunStore, reachable
 
 __all__ = ["RunFilter", "RunPage", "RunRow", "list_runs", "page_of_runs"]
 
@@ -117,9 +117,10 @@ def _redis_rows(store: RunStore, where: RunFilter, after: Position | None) -> _S
             top = index_score(bound.created_us)
         else:
             top = "+inf" if where.until is None else "(" + index_score(micros(where.until))
-        raw = store.client.zrevrangebyscore(
-            CREATED_RUNS_KEY, top, bottom, start=0, num=batch, withscores=True
-        )
+        with reachable("list_runs"):
+            raw = store.client.zrevrangebyscore(
+                CREATED_RUNS_KEY, top, bottom, start=0, num=batch, withscores=True
+            )
         entries = [(Position(micros(float(s)), str(r))) for r, s in cast(list[Any], raw)]
         fresh = [p for p in entries if bound is None or p < bound]
         if not fresh and len(entries) == batch:
@@ -143,7 +144,7 @@ def _redis_rows(store: RunStore, where: RunFilter, after: Position | None) -> _S
 def _heads(store: RunStore, candidates: Sequence[Position]) -> list[RunRow]:
     """The rows of runs whose keys are still there (an entry whose keys expired is skipped:
     SQL has the run)."""
-    with store.client.pipeline(transaction=False) as pipe:
+    with reachable("list_runs"), store.client.pipeline(transaction=False) as pipe:
         for position in candidates:
             pipe.hmget(run_keys(position.run_id)[0], ROW_FIELDS)
             pipe.hget(agent_key(position.run_id), "name")
@@ -165,7 +166,7 @@ def with_tools(store: RunStore, rows: list[RunRow]) -> list[RunRow]:
     live = [i for i, row in enumerate(rows) if row.source == "redis" and not row.tools]
     if not live:
         return rows
-    with store.client.pipeline(transaction=False) as pipe:
+    with reachable("list_runs"), store.client.pipeline(transaction=False) as pipe:
         for i in live:
             pipe.hgetall(run_keys(rows[i].run_id)[1])
         steps = pipe.execute()

@@ -6,7 +6,7 @@ what every such call shares, so the store's other modules only name a script and
 arguments: loading the scripts with the state machine's tables (``saga.machine``), calling
 them by SHA (alone or in one pipeline, loaded again when Redis restarted and forgot them),
 reading their answer (``Outcome``, an illegal transition logged), the Redis clock they record
-with, and turning Redis being away into a saga error (``reachable``).
+with, and turning Redis being away or failing over into a saga error (``reachable``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from redis.exceptions import NoScriptError
 from saga.constants import script_keys, settled_key
 from saga.errors import ConfigurationError, StoreUnavailableError
 from saga.machine import lua_tables
+from saga.redis_errors import unavailable
 
 #: The store's own logger name (an operator's logging configuration names it).
 logger = logging.getLogger("saga.stack")
@@ -198,10 +199,13 @@ def outcome_of(script: str, run_id: str, raw: Any, args: Any) -> Outcome:
 
 @contextmanager
 def reachable(what: str) -> Iterator[None]:
-    """Redis being away is a saga error the caller can retry, not a library traceback."""
+    """Redis being away, or failing over (``saga.redis_errors``), is a saga error the caller
+    can retry, not a library traceback."""
     try:
         yield
     except redis.AuthenticationError as exc:  # retrying will not fix a wrong password
         raise ConfigurationError(f"the saga store refused the credentials ({what}): {exc}") from exc
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except (redis.RedisError, ConnectionResetError) as exc:
+        if not unavailable(exc):
+            raise
         raise StoreUnavailableError(f"saga store unreachable ({what}): {exc}") from exc

@@ -9,6 +9,14 @@ turn worker under load put a fifth of its CPU there. The client object holds no 
 its own (each command borrows one from the pool, as before) and redis-py clients are safe to
 share between threads, so one per channel changes nothing but the cost.
 
+Its connections also raise a Redis failing over (``saga.redis_errors``: NOREPLICAS, READONLY,
+MASTERDOWN, UNBLOCKED, ...) as a lost connection. kombu counts every other Redis answer as a
+channel error, which the worker's consumer does not recover from: a broker demoted under a
+worker, or refusing writes for want of replicas, stopped it ("Unrecoverable error"). As a
+connection error, the consumer reconnects with its usual backoff until writes are taken again,
+and a publish is retried under its retry policy, as when Redis restarts. (redis-py's Sentinel
+connection does the same for READONLY.)
+
 ``use_pooled_client_transport(app)`` selects it for an app whose broker is Redis, unless the
 app names a transport of its own; Saga and the web client call it. It is registered with kombu
 as ``saga-redis`` (``saga-rediss`` for TLS): the scheme the worker's "Connected to" line and
@@ -21,10 +29,20 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
+import redis
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
-__all__ = ["ALIASES", "Channel", "Transport", "use_pooled_client_transport"]
+from saga.redis_errors import FailoverError, failover_answer
+
+__all__ = [
+    "ALIASES",
+    "Channel",
+    "FailoverAwareConnection",
+    "FailoverAwareSSLConnection",
+    "Transport",
+    "use_pooled_client_transport",
+]
 
 #: The broker URL's scheme → what ``broker_transport`` is set to (a kombu transport alias).
 ALIASES = {"redis": "saga-redis", "rediss": "saga-rediss"}
@@ -32,9 +50,37 @@ for _alias in ALIASES.values():
     TRANSPORT_ALIASES.setdefault(_alias, "saga.transport:Transport")
 
 
-class Channel(kombu_redis.Channel):
-    """A Redis channel whose synchronous client is made once per connection pool."""
+def _read(read: Any, *args: Any, **kwargs: Any) -> Any:
+    """The answer ``read`` reads; a failover answer as ``FailoverError``, on which redis-py
+    and kombu drop the connection (the next command connects anew, to a new master maybe)."""
+    try:
+        return read(*args, **kwargs)
+    except redis.ResponseError as exc:
+        if isinstance(exc, FailoverError) or not failover_answer(exc):
+            raise
+        raise FailoverError(*exc.args, status_code=exc.status_code) from exc
 
+
+class FailoverAwareConnection(redis.Connection):
+    """A connection to the broker that raises a failover answer as ``FailoverError``."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        return _read(super().read_response, *args, **kwargs)
+
+
+class FailoverAwareSSLConnection(redis.SSLConnection):
+    """``FailoverAwareConnection`` over TLS."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        return _read(super().read_response, *args, **kwargs)
+
+
+class Channel(kombu_redis.Channel):
+    """A Redis channel whose synchronous client is made once per connection pool, and whose
+    connections raise a failover answer as a lost connection."""
+
+    connection_class = FailoverAwareConnection
+    connection_class_ssl = FailoverAwareSSLConnection
     _shared_client: Any = None
 
     def _create_client(self, asynchronous: bool = False) -> Any:

@@ -52,6 +52,7 @@ from saga.errors import (
 )
 from saga.model import RunState
 from saga.picture import RunPicture
+from saga.redis_errors import unavailable
 
 logger = logging.getLogger("saga.agents")
 
@@ -146,8 +147,9 @@ def play_turn(
             contended += 1
             if contended > _CONTENDED_REPLAYS:
                 raise
-        except (StoreUnavailableError, redis.ConnectionError, redis.TimeoutError) as exc:
-            if time.monotonic() >= patience:
+        except (StoreUnavailableError, redis.RedisError) as exc:
+            away = isinstance(exc, StoreUnavailableError) or unavailable(exc)
+            if not away or time.monotonic() >= patience:
                 raise  # the task fails; the reaper sends the turn again at the deadline
             logger.warning("run %s turn %d: %s; playing it again", run_id, turn, exc)
             time.sleep(pause)

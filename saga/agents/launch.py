@@ -22,7 +22,7 @@ from saga import metrics
 from saga.agents.agent import Agent
 from saga.constants import AGENT_TURN_TASK, AGENTS_KEY, TURN_QUEUE, agent_key, turn_task_id
 from saga.errors import MessageNotSentError, PayloadError, RunExistsError, UnknownAgentError
-from saga.stack import RunHead, RunStore
+from saga.stack import RunHead, RunStore, reachable
 from saga.validation import check_agent_name, check_deadline, check_run_id, check_text
 
 logger = logging.getLogger("saga.agents")
@@ -77,8 +77,9 @@ def launch_run(
     if created:
         metrics.run_started()
     else:
-        existing = store.client.hget(agent_key(run_id), "name")
-        started = store.client.hexists(agent_key(run_id), "1:answer")
+        with reachable("enqueue_run"):
+            existing = store.client.hget(agent_key(run_id), "name")
+            started = store.client.hexists(agent_key(run_id), "1:answer")
         if not first_turn_due(run_id, agent, existing, started, store.head(run_id)):
             return Launched(run_id, created)
     try:
@@ -156,7 +157,7 @@ def publish_agents(store: RunStore, agents: Iterable[Agent]) -> None:
         for agent in agents
     }
     if entries:
-        with store.client.pipeline(transaction=True) as pipe:
+        with reachable("publish_agents"), store.client.pipeline(transaction=True) as pipe:
             for name, entry in entries.items():
                 pipe.hset(AGENTS_KEY, name, entry)
             pipe.execute()
@@ -166,8 +167,9 @@ def published_agent(store: RunStore, name: str) -> dict[str, Any] | None:
     """What the workers published of agent ``name``; ``UnknownAgentError`` when workers have
     published agents and none of them is ``name``; None when none has published any (the
     client cannot know, and the turn worker decides)."""
-    entry = store.client.hget(AGENTS_KEY, name)
-    known = [] if entry is not None else store.client.hkeys(AGENTS_KEY)
+    with reachable("published_agent"):
+        entry = store.client.hget(AGENTS_KEY, name)
+        known = [] if entry is not None else store.client.hkeys(AGENTS_KEY)
     return published_entry(name, entry, known)
 
 

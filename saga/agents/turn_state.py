@@ -25,7 +25,7 @@ from saga.effects import PROBLEMS
 from saga.errors import PayloadError, RunEndedError
 from saga.model import RunState, StepState
 from saga.picture import RunPicture, StepRecord
-from saga.stack import RunStore
+from saga.stack import RunStore, reachable
 
 _TURN_FIELD = re.compile(r"^(\d+):(answer|results|advanced|asked)$")
 _CALL_FIELD = re.compile(r"^(\d+):(\d+):(refused|approval|decision)$")
@@ -312,7 +312,7 @@ class TurnStore:
         """The loop stops at ``turn``: why and what to do (``finish`` or ``unwind``), first
         writer wins, and the turn is done with. Returns the end recorded (why, what)."""
         key = agent_key(run_id)
-        with self.client.pipeline(transaction=True) as pipe:
+        with reachable("mark_ended"), self.client.pipeline(transaction=True) as pipe:
             pipe.hsetnx(key, "ended", why)
             pipe.hsetnx(key, "end", end)
             pipe.hsetnx(key, f"{turn}:advanced", why)

@@ -75,6 +75,14 @@ def _give_app_option(cmd: click.Command) -> None:
             _give_app_option(sub)
 
 
+def _failing_over(exc: Exception) -> bool:
+    """Whether a Redis error that reached a command is a failover answer (READONLY, ...):
+    imported only once redis is, so the commands that never touch Redis do not load it."""
+    from saga.redis_errors import unavailable
+
+    return unavailable(exc)
+
+
 def _failure(exc: Exception) -> Failure | None:
     """The exit code of an error raised by saga or by a service's client; None for a bug.
 
@@ -103,6 +111,8 @@ def _failure(exc: Exception) -> Failure | None:
         return Failure(f"Redis: {exc}", ExitCode.UNREACHABLE)
     redis = sys.modules.get("redis")
     if redis is not None and isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return Failure(f"Redis: {exc}", ExitCode.UNREACHABLE)
+    if redis is not None and _failing_over(exc):
         return Failure(f"Redis: {exc}", ExitCode.UNREACHABLE)
     kombu = sys.modules.get("kombu.exceptions")
     if kombu is not None and isinstance(exc, kombu.OperationalError):
