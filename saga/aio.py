@@ -94,7 +94,7 @@ class AsyncClient:
         self.settings, redis_url, broker_url = resolved(broker_url, redis_url, settings)
         self._store = AsyncRunStore(redis_url, self.settings)
         self.redis = self._store.redis
-        self.app = broker_app(broker_url)
+        self.app = broker_app(broker_url, redis_url)
         self._publisher = Publisher(self.app, publish_threads, publish_timeout)
 
     @property

@@ -17,12 +17,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from saga.agents.launch import published_entry
 from saga.client import no_run
 from saga.constants import AGENTS_KEY, agent_key, run_keys, script_keys
 from saga.picture import RunPicture
+from saga.redis_urls import async_client
 from saga.run_rows import ROW_FIELDS, Position, RunRow, row_of_head
 from saga.settings import Settings
 from saga.stack import (
@@ -64,8 +63,7 @@ class AsyncRunStore:
             "socket_connect_timeout": _SOCKET_TIMEOUT,
             **settings.redis_options,
         }
-        pool = aioredis.BlockingConnectionPool.from_url(redis_url, decode_responses=True, **options)
-        self.redis = aioredis.Redis.from_pool(pool)
+        self.redis = async_client(redis_url, blocking=True, decode_responses=True, **options)
         self._scripts = {
             name: self.redis.register_script(text) for name, text in script_sources().items()
         }

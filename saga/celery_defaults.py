@@ -26,6 +26,7 @@ import ssl
 from typing import Any
 
 from saga.constants import AGENT_TURN_TASK, REAP_TASK, START_UNWIND_TASK, TURN_QUEUE
+from saga.redis_urls import is_tls, kombu_url, sentinel_transport_options
 from saga.settings import DEFAULT_REDIS_URL, redis_url_from_env
 
 __all__ = [
@@ -57,8 +58,11 @@ __all__ = [
 
 # SAGA_REDIS_PASSWORD (or SAGA_REDIS_PASSWORD_FILE) goes into each URL that has none, escaped.
 _redis = redis_url_from_env("SAGA_REDIS_URL", DEFAULT_REDIS_URL)
-broker_url = redis_url_from_env("SAGA_BROKER_URL", _redis)
-result_backend = redis_url_from_env("SAGA_RESULT_BACKEND", broker_url)
+_broker = redis_url_from_env("SAGA_BROKER_URL", _redis)
+_backend = redis_url_from_env("SAGA_RESULT_BACKEND", _broker)
+# A redis+sentinel:// URL in kombu's spelling (sentinel://...;sentinel://...), the master's
+# name in the transport options below (docs/deployment.md, "Sentinel").
+broker_url, result_backend = kombu_url(_broker), kombu_url(_backend)
 
 task_serializer = "json"
 result_serializer = "json"
@@ -88,6 +92,7 @@ broker_transport_options: dict[str, Any] = {
     # default, 10 s x 10, makes a standby worker wait ~100 s past the visibility timeout).
     "unacked_restore_interval": max(1, min(60, _visibility // 3)),
     "unacked_restore_throttle": 1,
+    **sentinel_transport_options(_redis, broker_url, result_backend),
 }
 result_backend_transport_options = broker_transport_options
 result_expires = 24 * 3600
@@ -114,8 +119,8 @@ _tls = {
     "ssl_keyfile": os.environ.get("SAGA_REDIS_SSL_KEY"),
 }
 # (None is Celery's own default: no TLS.)
-broker_use_ssl = _tls if broker_url.startswith("rediss://") else None
-redis_backend_use_ssl = _tls if result_backend.startswith("rediss://") else None
+broker_use_ssl = _tls if is_tls(_broker) else None
+redis_backend_use_ssl = _tls if is_tls(_backend) else None
 
 broker_connection_retry_on_startup = True
 worker_hijack_root_logger = False

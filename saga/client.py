@@ -28,6 +28,7 @@ from saga.errors import ApprovalError, MessageNotSentError, RunEndedError, Unkno
 from saga.listing import RunFilter, RunRow, page_of_runs
 from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
+from saga.redis_urls import is_tls, kombu_url, sentinel_transport_options
 from saga.rules import not_undone
 from saga.settings import Settings
 from saga.stack import Outcome, RunStore, reachable
@@ -103,7 +104,7 @@ class Client:
         self.store = RunStore.from_url(
             redis_url, self.settings.retention_seconds, **self.settings.redis_options
         )
-        self.app = broker_app(broker_url)
+        self.app = broker_app(broker_url, redis_url)
 
     def enqueue_run(
         self, agent: str, input: str, run_id: str | None = None, deadline: float | None = None
@@ -215,16 +216,21 @@ def resolved(
     return settings, redis_url, broker_url or os.environ.get("SAGA_BROKER_URL") or redis_url
 
 
-def broker_app(broker_url: str) -> Celery:
-    """A Celery app that only sends, by task name: no tool code is imported."""
-    app = Celery("saga-client", broker=broker_url, set_as_current=False)
+def broker_app(broker_url: str, redis_url: str = "") -> Celery:
+    """A Celery app that only sends, by task name: no tool code is imported. A Sentinel
+    broker's master is ``SAGA_REDIS_SENTINEL_MASTER``, else the one ``redis_url`` names."""
+    kombu = kombu_url(broker_url)
+    app = Celery("saga-client", broker=kombu, set_as_current=False)
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
         broker_connection_retry_on_startup=True,
     )
+    sentinel = sentinel_transport_options(redis_url or broker_url, kombu)
+    if sentinel:
+        app.conf.broker_transport_options = sentinel
     use_pooled_client_transport(app)
-    if broker_url.startswith("rediss://"):
+    if is_tls(broker_url):
         app.conf.broker_use_ssl = {
             "ssl_cert_reqs": ssl.CERT_REQUIRED,
             "ssl_ca_certs": os.environ.get("SAGA_REDIS_SSL_CA"),

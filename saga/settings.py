@@ -14,6 +14,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from saga.errors import ConfigurationError
 from saga.notify_settings import NotifySettings
+from saga.redis_urls import SENTINEL_SCHEMES, is_tls, parse_sentinel
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
@@ -113,13 +114,18 @@ def redis_url_from_env(name: str, default: str) -> str:
     return with_password(url, secret_from_env("SAGA_REDIS_PASSWORD"))
 
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_REDIS_SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, "sentinel")
 
 
 def check_redis_url(name: str, url: str) -> None:
     """``ConfigurationError`` naming ``name`` when ``url`` is not a Redis URL redis-py can
     open: said in one line where it is read, not as a traceback from deep in a connection."""
     shown = masked(url)
+    try:
+        if parse_sentinel(url) is not None:  # a Sentinel deployment's: checked in full
+            return
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{name}={shown!r} is not a Sentinel URL: {exc}") from None
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - parsing it is the check
@@ -199,7 +205,7 @@ class Settings:
             "SAGA_REDIS_URL" if env.get("SAGA_REDIS_URL") else "SAGA_BROKER_URL", redis_url
         )
         redis_options: dict[str, object] = {}
-        if redis_url.startswith("rediss://"):
+        if is_tls(redis_url):
             # Certificates are always checked; the files come from the same variables as the
             # broker's (celeryconfig.py).
             redis_options["ssl_cert_reqs"] = "required"

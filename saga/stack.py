@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
-
 from saga.picture import CompensationRecord, RunPicture, RunView, StepRecord
+from saga.redis_urls import redis_client
 from saga.store_indexes import RunIndexes
 from saga.store_indexes import queue_create as queue_create
 from saga.store_reads import HEAD_FIELDS as HEAD_FIELDS
@@ -64,7 +63,8 @@ class RunStore(RunIndexes, RunReads, RunTransitions, TurnScripts):
     def from_url(cls, url: str, retention_seconds: int, **options: Any) -> RunStore:
         """A store on ``url`` whose connection pool waits for a free connection instead of
         raising (redis-py caps a plain pool at 100, and a web app with more threads waiting
-        on results would see its calls fail). ``?max_connections=N`` in the URL sets the cap."""
+        on results would see its calls fail). ``?max_connections=N`` in the URL sets the cap.
+        A Sentinel URL (``saga.redis_urls``) gives a client of whichever server is master."""
         options = {"max_connections": _MAX_CONNECTIONS, "timeout": _POOL_WAIT, **options}
-        pool = redis.BlockingConnectionPool.from_url(url, decode_responses=True, **options)
-        return cls(redis.Redis.from_pool(pool), retention_seconds)
+        client = redis_client(url, blocking=True, decode_responses=True, **options)
+        return cls(client, retention_seconds)

@@ -126,7 +126,7 @@ def _scan_queues(core: Core, scan: ShapeScan, limit: int) -> None:
     not acknowledged yet (kombu's ``unacked`` hash): a worker of this deploy will run them."""
     conf = core.app.conf
     url = str(conf.broker_url or "")
-    if not url.startswith(("redis://", "rediss://", "unix://")):
+    if not url.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
         scan.not_scanned.append(f"the queued messages ({url.partition(':')[0]} broker)")
         return
     options = conf.broker_transport_options or {}

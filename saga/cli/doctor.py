@@ -107,7 +107,9 @@ def _redis_checks(url: str, options: dict[str, Any]) -> list[Check]:
     # Imported on use: `saga --help` loads none of a command's imports.
     import redis
 
-    client = redis.Redis.from_url(
+    from saga.redis_urls import redis_client
+
+    client = redis_client(
         url,
         socket_timeout=TIMEOUT,
         socket_connect_timeout=TIMEOUT,
@@ -165,8 +167,13 @@ def _bare_app(broker_url: str) -> Celery:
     # Imported on use: `saga --help` loads none of a command's imports.
     from celery import Celery
 
-    app = Celery("saga-doctor", broker=broker_url, set_as_current=False)
+    from saga.redis_urls import kombu_url, sentinel_transport_options
+
+    app = Celery("saga-doctor", broker=kombu_url(broker_url), set_as_current=False)
     app.conf.update(accept_content=["json"], task_serializer="json")
+    app.conf.broker_transport_options = sentinel_transport_options(
+        os.environ.get("SAGA_REDIS_URL", ""), kombu_url(broker_url)
+    )
     return app
 
 

@@ -92,6 +92,7 @@ def saga_redis_url(
     # Imported on use: the plugin loads with every test session.
     import redis
 
+    from saga.redis_urls import redis_client
     from saga.testing.processes import RedisServer
 
     given = _option(pytestconfig, "saga_redis_url") or os.environ.get(REDIS_URL_ENV, "")
@@ -102,7 +103,7 @@ def saga_redis_url(
         return
     db = int(_option(pytestconfig, "saga_redis_db") or DEFAULT_REDIS_DB)
     url = re.sub(r"(/\d+)?/?$", "", given, count=1) + f"/{db}"
-    client = redis.Redis.from_url(url, socket_timeout=5)
+    client = redis_client(url, socket_timeout=5)
     try:
         client.ping()
     except redis.RedisError as exc:

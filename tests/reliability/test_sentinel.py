@@ -1,0 +1,161 @@
+"""The store and the broker on Redis Sentinel: a master, a replica and three sentinels.
+
+The store, ``Client`` and ``AsyncClient`` find the master through the sentinels; a real worker
+given nothing but ``SAGA_REDIS_URL=redis+sentinel://...`` (its broker and result backend
+follow it) runs a whole demo run; after ``SENTINEL FAILOVER`` the store and the worker follow
+the new master, the next run completes, and the demoted master (a replica now) holds nothing
+the old clients wrote to it: every key written after the failover is on the new master.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from saga import Saga, Settings
+from saga.aio import AsyncClient
+from saga.client import Client
+from saga.constants import run_keys
+from saga.guard import configuration_problems
+from saga.model import RunState
+from saga.redis_urls import kombu_url
+from saga.stack import RunStore
+from saga.testing import WorkerProcess
+from tasks import systems
+from tasks.tools import tools
+from tests.conftest import ROOT, service_missing
+from tests.integration.helpers import demo_steps
+from tests.reliability.conftest import TIME_LIMIT, VISIBILITY_TIMEOUT
+from tests.reliability.sentinel_cluster import MASTER, SentinelCluster, role
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelCluster]:
+    if shutil.which("redis-server") is None:
+        service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
+    with SentinelCluster(tmp_path_factory.mktemp("sentinel")) as running:
+        yield running
+
+
+def _app(cluster: SentinelCluster) -> Celery:
+    """The caller's app, on the sentinels as kombu spells them."""
+    app = Celery("sentinel-test")
+    app.config_from_object("celeryconfig")
+    options = {"visibility_timeout": VISIBILITY_TIMEOUT, "master_name": MASTER}
+    app.conf.update(
+        broker_url=cluster.kombu_url(),
+        result_backend=cluster.kombu_url(),
+        broker_transport_options=options,
+        result_backend_transport_options=options,
+        task_time_limit=TIME_LIMIT,
+        task_soft_time_limit=TIME_LIMIT - 1,
+    )
+    return app
+
+
+@pytest.fixture
+def world(
+    cluster: SentinelCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Saga, dict[str, str]]]:
+    """A saga on the cluster and the environment of its worker: only the store's URL names
+    Sentinel (no broker, no result backend, no master setting)."""
+    url = cluster.url()
+    env = {
+        "SAGA_REDIS_URL": url,
+        "SAGA_DEMO_DATA": str(tmp_path),
+        "SAGA_DATABASE_URL": f"sqlite:///{tmp_path / 'saga.db'}",
+        "SAGA_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT),
+        "SAGA_TASK_TIME_LIMIT": str(TIME_LIMIT),
+        "PYTHONPATH": str(ROOT),
+    }
+    for key in ("SAGA_BROKER_URL", "SAGA_RESULT_BACKEND", "SAGA_REDIS_SENTINEL_MASTER"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    systems.reset()
+    saga = Saga(
+        _app(cluster), tools, Settings(redis_url=url, database_url=env["SAGA_DATABASE_URL"])
+    )
+    yield saga, env
+    saga.store.client.close()
+    if saga.core._records is not None:
+        saga.records.dispose()
+    systems.dispose_engines()
+
+
+def _served_by(client: redis.Redis) -> int:
+    return int(client.info("server")["tcp_port"])
+
+
+def test_the_store_and_both_clients_reach_the_master_through_the_sentinels(
+    cluster: SentinelCluster, world: tuple[Saga, dict[str, str]]
+) -> None:
+    saga, _ = world
+    url = cluster.url()
+    store = RunStore.from_url(url, 60, socket_timeout=5)
+    try:
+        assert _served_by(store.client) == cluster.master_port()
+        assert store.now() > 0
+        # The guard's Redis checks ask the master (noeviction: nothing to refuse).
+        assert configuration_problems(saga.app.conf, {}, [store.client]) == []
+    finally:
+        store.client.close()
+    run = saga.start_run()
+    run.call("get_order", order_id=4921)  # queued, no worker yet: the store holds the run
+    settings = saga.settings
+    client = Client(redis_url=url, settings=settings)
+    assert client.app.conf.broker_url == kombu_url(url)
+    assert client.app.conf.broker_transport_options["master_name"] == MASTER
+    assert client.get_run(run.run_id).state == RunState.RUNNING
+
+    async def read() -> Any:
+        async with AsyncClient(redis_url=url, settings=settings) as aio:
+            return (await aio.get_run(run.run_id)).state
+
+    assert asyncio.run(read()) == RunState.RUNNING
+    assert client.abort_run(run.run_id, "not driven by this test")
+    client.store.client.close()
+
+
+def test_a_demo_run_completes_and_the_next_one_after_a_failover_too(
+    cluster: SentinelCluster, world: tuple[Saga, dict[str, str]], tmp_path: Path
+) -> None:
+    saga, env = world
+    worker = WorkerProcess(
+        "tasks.app", env=env, concurrency=1, cwd=ROOT, logfile=tmp_path / "worker.log"
+    )
+    with worker:
+        first = saga.start_run()
+        assert len(demo_steps(first)) == 4
+        assert first.finish(timeout=30).state is RunState.COMPLETED
+        assert "sentinel://" in worker.log()  # its broker came from the store's URL
+
+        old = cluster.master_port()
+        new = cluster.failover()
+        assert role(old) == "slave" and role(new) == "master"
+
+        systems.reset()
+        second = saga.start_run()
+        assert len(demo_steps(second)) == 4
+        assert second.finish(timeout=60).state is RunState.COMPLETED
+    assert _served_by(saga.store.client) == new
+    head = run_keys(second.run_id)[0]
+    on_new = redis.Redis(port=new, socket_timeout=2)
+    on_old = redis.Redis(port=old, socket_timeout=2)
+    try:
+        assert on_new.exists(head)
+        info = on_old.info("replication")
+        assert info["role"] == "slave" and int(info["master_port"]) == new
+        assert on_old.config_get("replica-read-only")["replica-read-only"] == "yes"
+        with pytest.raises(redis.ReadOnlyError):  # what any straggling write would meet
+            on_old.set("saga:sentinel-test", "1")
+    finally:
+        on_new.close()
+        on_old.close()
