@@ -14,6 +14,9 @@ Why these defaults:
 - The visibility timeout outlasts the longest retry delay plus the time limit: a retried message
   is delivered at once and held for its countdown before it runs, and Redis would hand a step
   still waiting or running to a second worker (the worker's start-up guard checks each tool).
+- On RabbitMQ (``saga.celery_amqp``): quorum queues on a topic exchange, so a retry's countdown
+  waits in the broker (native delayed delivery), and publisher confirms; the results go to the
+  stack's Redis. On Redis, Celery's own defaults for those.
 - Worker task events on, so Flower shows every tool call and compensation as it runs.
 - The reaper scheduled for ``celery beat``: it is what resolves runs nobody drives any more, so
   it ships with the library's settings rather than each app's.
@@ -25,6 +28,7 @@ import os
 import ssl
 from typing import Any
 
+from saga import celery_amqp
 from saga.constants import AGENT_TURN_TASK, REAP_TASK, START_UNWIND_TASK, TURN_QUEUE
 from saga.settings import DEFAULT_REDIS_URL, redis_url_from_env
 
@@ -43,6 +47,12 @@ __all__ = [
     "redis_backend_use_ssl",
     "retry_delay_max",
     "task_acks_late",
+    "task_create_missing_queue_exchange_type",
+    "task_create_missing_queue_type",
+    "task_default_exchange",
+    "task_default_exchange_type",
+    "task_default_queue_type",
+    "task_queues",
     "task_reject_on_worker_lost",
     "task_send_sent_event",
     "task_serializer",
@@ -57,8 +67,16 @@ __all__ = [
 
 # SAGA_REDIS_PASSWORD (or SAGA_REDIS_PASSWORD_FILE) goes into each URL that has none, escaped.
 _redis = redis_url_from_env("SAGA_REDIS_URL", DEFAULT_REDIS_URL)
-broker_url = redis_url_from_env("SAGA_BROKER_URL", _redis)
-result_backend = redis_url_from_env("SAGA_RESULT_BACKEND", broker_url)
+_named_broker = os.environ.get("SAGA_BROKER_URL") or ""
+# (SAGA_REDIS_PASSWORD is Redis's: a RabbitMQ URL carries its own credentials.)
+broker_url = (
+    _named_broker
+    if celery_amqp.is_amqp_url(_named_broker)
+    else redis_url_from_env("SAGA_BROKER_URL", _redis)
+)
+_amqp = celery_amqp.amqp_settings(broker_url)
+# Results never go to RabbitMQ (Celery has no such backend): to the stack's Redis unless told.
+result_backend = redis_url_from_env("SAGA_RESULT_BACKEND", _redis if _amqp else broker_url)
 
 task_serializer = "json"
 result_serializer = "json"
@@ -90,6 +108,17 @@ broker_transport_options: dict[str, Any] = {
     "unacked_restore_throttle": 1,
 }
 result_backend_transport_options = broker_transport_options
+if _amqp:  # the visibility timeout is Redis's; RabbitMQ gets publisher confirms instead
+    broker_transport_options = _amqp["broker_transport_options"]
+    result_backend_transport_options = {}
+task_queues: tuple[Any, ...] | None = _amqp.get("task_queues")
+task_default_exchange: str | None = _amqp.get("task_default_exchange")
+task_default_exchange_type: str = _amqp.get("task_default_exchange_type", "direct")
+task_default_queue_type: str = _amqp.get("task_default_queue_type", "classic")
+task_create_missing_queue_type: str = _amqp.get("task_create_missing_queue_type", "classic")
+task_create_missing_queue_exchange_type: str | None = _amqp.get(
+    "task_create_missing_queue_exchange_type"
+)
 result_expires = 24 * 3600
 
 # Hosted agents' turns wait on a model: they run on their own queue, served by a threads pool

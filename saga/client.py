@@ -23,6 +23,7 @@ from celery import Celery
 
 from saga.agents.launch import Launched, launch_run, published_agent, send_turn
 from saga.agents.turn_state import LoopState, document
+from saga.celery_amqp import amqp_settings
 from saga.constants import START_UNWIND_TASK, TURN_QUEUE
 from saga.errors import ApprovalError, MessageNotSentError, RunEndedError, UnknownRunError
 from saga.listing import RunFilter, RunRow, page_of_runs
@@ -223,6 +224,9 @@ def broker_app(broker_url: str) -> Celery:
         accept_content=["json"],
         broker_connection_retry_on_startup=True,
     )
+    # On RabbitMQ, the workers' queues as they declare them (a publish declares its queue, and
+    # one of another type is refused), and publisher confirms.
+    app.conf.update(amqp_settings(broker_url))
     use_pooled_client_transport(app)
     if broker_url.startswith("rediss://"):
         app.conf.broker_use_ssl = {
