@@ -14,6 +14,9 @@ Why these defaults:
 - The visibility timeout outlasts the longest retry delay plus the time limit: a retried message
   is delivered at once and held for its countdown before it runs, and Redis would hand a step
   still waiting or running to a second worker (the worker's start-up guard checks each tool).
+- On RabbitMQ (``saga.celery_amqp``): quorum queues on a topic exchange, so a retry's countdown
+  waits in the broker (native delayed delivery), and publisher confirms; the results go to the
+  stack's Redis. On Redis, Celery's own defaults for those.
 - Worker task events on, so Flower shows every tool call and compensation as it runs.
 - The reaper scheduled for ``celery beat``: it is what resolves runs nobody drives any more, so
   it ships with the library's settings rather than each app's.
@@ -25,6 +28,7 @@ import os
 import ssl
 from typing import Any
 
+from saga import celery_amqp
 from saga.constants import AGENT_TURN_TASK, REAP_TASK, START_UNWIND_TASK, TURN_QUEUE
 from saga.redis_urls import is_tls, kombu_url, sentinel_transport_options
 from saga.settings import DEFAULT_REDIS_URL, redis_url_from_env
@@ -44,6 +48,12 @@ __all__ = [
     "redis_backend_use_ssl",
     "retry_delay_max",
     "task_acks_late",
+    "task_create_missing_queue_exchange_type",
+    "task_create_missing_queue_type",
+    "task_default_exchange",
+    "task_default_exchange_type",
+    "task_default_queue_type",
+    "task_queues",
     "task_reject_on_worker_lost",
     "task_send_sent_event",
     "task_serializer",
@@ -58,8 +68,16 @@ __all__ = [
 
 # SAGA_REDIS_PASSWORD (or SAGA_REDIS_PASSWORD_FILE) goes into each URL that has none, escaped.
 _redis = redis_url_from_env("SAGA_REDIS_URL", DEFAULT_REDIS_URL)
-_broker = redis_url_from_env("SAGA_BROKER_URL", _redis)
-_backend = redis_url_from_env("SAGA_RESULT_BACKEND", _broker)
+_named_broker = os.environ.get("SAGA_BROKER_URL") or ""
+# (SAGA_REDIS_PASSWORD is Redis's: a RabbitMQ URL carries its own credentials.)
+_broker = (
+    _named_broker
+    if celery_amqp.is_amqp_url(_named_broker)
+    else redis_url_from_env("SAGA_BROKER_URL", _redis)
+)
+_amqp = celery_amqp.amqp_settings(_broker)
+# Results never go to RabbitMQ (Celery has no such backend): to the stack's Redis unless told.
+_backend = redis_url_from_env("SAGA_RESULT_BACKEND", _redis if _amqp else _broker)
 # A redis+sentinel:// URL in kombu's spelling (sentinel://...;sentinel://...), the master's
 # name in the transport options below (docs/deployment.md, "Sentinel").
 broker_url, result_backend = kombu_url(_broker), kombu_url(_backend)
@@ -95,6 +113,16 @@ broker_transport_options: dict[str, Any] = {
     **sentinel_transport_options(_redis, broker_url, result_backend),
 }
 result_backend_transport_options = broker_transport_options
+if _amqp:  # the visibility timeout is Redis's (the results' still); RabbitMQ gets confirms
+    broker_transport_options = _amqp["broker_transport_options"]
+task_queues: tuple[Any, ...] | None = _amqp.get("task_queues")
+task_default_exchange: str | None = _amqp.get("task_default_exchange")
+task_default_exchange_type: str = _amqp.get("task_default_exchange_type", "direct")
+task_default_queue_type: str = _amqp.get("task_default_queue_type", "classic")
+task_create_missing_queue_type: str = _amqp.get("task_create_missing_queue_type", "classic")
+task_create_missing_queue_exchange_type: str | None = _amqp.get(
+    "task_create_missing_queue_exchange_type"
+)
 result_expires = 24 * 3600
 
 # Hosted agents' turns wait on a model: they run on their own queue, served by a threads pool

@@ -23,6 +23,7 @@ from celery import Celery
 
 from saga.agents.launch import Launched, launch_run, published_agent, send_turn
 from saga.agents.turn_state import LoopState, document
+from saga.celery_amqp import amqp_settings
 from saga.constants import START_UNWIND_TASK, TURN_QUEUE
 from saga.errors import ApprovalError, MessageNotSentError, RunEndedError, UnknownRunError
 from saga.listing import RunFilter, RunRow, page_of_runs
@@ -229,6 +230,9 @@ def broker_app(broker_url: str, redis_url: str = "") -> Celery:
     sentinel = sentinel_transport_options(redis_url or broker_url, kombu)
     if sentinel:
         app.conf.broker_transport_options = sentinel
+    # On RabbitMQ, the workers' queues as they declare them (a publish declares its queue, and
+    # one of another type is refused), and publisher confirms.
+    app.conf.update(amqp_settings(broker_url))
     use_pooled_client_transport(app)
     if is_tls(broker_url):
         app.conf.broker_use_ssl = {

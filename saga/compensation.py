@@ -13,6 +13,7 @@ from celery.canvas import signature
 from celery.exceptions import Ignore
 
 from saga import metrics, payload
+from saga.celery_amqp import broker_countdown
 from saga.constants import CONCLUDE_UNWIND_TASK
 from saga.core import Core
 from saga.delivery import (
@@ -52,7 +53,11 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
         _conclude_here(core, task, run_id)
         return {"compensated": step, "replayed": True}
     if begin.status == "busy":  # another execution (or a newer undo) still runs: wait for it
-        raise task.retry(countdown=min(float(begin.values[0]), BUSY_WAIT.backoff_max))
+        raise task.retry(
+            countdown=broker_countdown(
+                task.app.conf, min(float(begin.values[0]), BUSY_WAIT.backoff_max)
+            )
+        )
     if begin.status != "run":  # a stale chain, or the run is gone: stop this chain here
         logger.warning("run %s: compensation of step %d not run: %s", run_id, step, begin)
         raise Ignore()
@@ -73,7 +78,8 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
         if retryable(exc) and tool.retry.allows_another(attempt):
             _record_compensation(core, run_id, step, "retry", error_of(exc, attempt), claim)
             metrics.compensation(tool.name, "retried")
-            raise task.retry(exc=exc, countdown=tool.retry.delay(attempt)) from exc
+            countdown = broker_countdown(task.app.conf, tool.retry.delay(attempt))
+            raise task.retry(exc=exc, countdown=countdown) from exc
         _record_compensation(core, run_id, step, "fail", error_of(exc, attempt), claim)
         metrics.compensation(tool.name, "failed")
         logger.error(

@@ -16,6 +16,7 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from saga import metrics, payload
+from saga.celery_amqp import broker_countdown
 from saga.constants import step_idempotency_key
 from saga.core import Core
 from saga.delivery import (
@@ -70,7 +71,11 @@ def run_step(
             return {"rejected": error}
         raise StepFailedError(run_id, step, tool.name, f"{error} (redelivered)")
     if begin.status == "busy":  # another delivery holds the step: come back when it may not
-        raise task.retry(countdown=min(float(begin.values[0]), BUSY_WAIT.backoff_max))
+        raise task.retry(
+            countdown=broker_countdown(
+                task.app.conf, min(float(begin.values[0]), BUSY_WAIT.backoff_max)
+            )
+        )
     if begin.status != "run":
         if begin.owns_unwind:
             core.start_unwind(run_id, f"step:{step}")
@@ -112,7 +117,7 @@ def run_step(
                 hold,
             )
             metrics.step(tool.name, "retried")
-            raise task.retry(exc=exc, countdown=countdown) from exc
+            raise task.retry(exc=exc, countdown=broker_countdown(task.app.conf, countdown)) from exc
         event = "reject" if feed_back else "fail"
         error = error_of(exc, attempt)
         _settle_final_failure(core, tool, run_id, step, args, error, event, orphaned)

@@ -3,7 +3,8 @@
 Each check names a guarantee: JSON only (a pickle message is code execution), acks late (a
 step is acknowledged only once its outcome and undo are recorded), a time limit, and a
 visibility timeout above every tool's longest retry delay plus that time limit (or Redis hands
-a running step to a second worker), a Redis that never evicts (the stack is workflow state),
+a running step to a second worker; on RabbitMQ, its consumer timeout, and no queue of saga's
+already declared as another type), a Redis that never evicts (the stack is workflow state),
 and a records database whose schema is not behind the code.
 
 It also warns, and never refuses, about what this deploy does not know: undos and queued
@@ -22,11 +23,13 @@ from typing import Any
 import redis
 from sqlalchemy.exc import SQLAlchemyError
 
+from saga.broker_queues import queue_conflicts
+from saga.celery_amqp import CONSUMER_TIMEOUT_ENV, consumer_timeout
 from saga.core import Core
 from saga.errors import DatabaseSchemaError
 from saga.records import migrations
 from saga.retry import RetryPolicy
-from saga.settings import Settings
+from saga.settings import Settings, is_amqp_url
 from saga.stale_shapes import stale_shapes
 from saga.tool_hosts import caller_tools
 
@@ -61,6 +64,8 @@ def configuration_problems(
         problems.append("task_acks_late is off: a crash after the effect would lose the push")
     if str(conf.get("broker_url") or "").startswith(("redis", "rediss", "sentinel")):
         problems += _visibility_problems(conf, retry_policies)
+    elif is_amqp_url(str(conf.get("broker_url") or "")):
+        problems += _consumer_timeout_problems(conf, retry_policies, consumer_timeout())
     problems += _tls_problems(conf)
     for store in stores:
         problems += _eviction_problems(store)
@@ -120,13 +125,7 @@ def _visibility_problems(conf: Any, retry_policies: Mapping[str, RetryPolicy]) -
             )
     if limit >= visibility:
         return problems  # every tool would be named below for the same reason
-    too_slow: dict[float, list[str]] = {}
-    for tool, policy in retry_policies.items():
-        delay = longest_retry_delay(policy)
-        if delay + limit + RUN_TIME_MARGIN >= visibility:
-            too_slow.setdefault(delay, []).append(tool)
-    for delay, tools in sorted(too_slow.items()):
-        named = f"tool {tools[0]}" if len(tools) == 1 else f"tools {', '.join(sorted(tools))}"
+    for delay, named in _held_past(retry_policies, limit, visibility):
         problems.append(
             f"{named}: the longest retry delay ({delay:g}s) plus "
             f"task_time_limit ({limit:g}s) plus a {RUN_TIME_MARGIN:g}s margin is not below the "
@@ -134,6 +133,68 @@ def _visibility_problems(conf: Any, retry_policies: Mapping[str, RetryPolicy]) -
             "once; shorten the tool's RetryPolicy.backoff_max or raise the visibility timeout"
         )
     return problems
+
+
+def _held_past(
+    retry_policies: Mapping[str, RetryPolicy], limit: float, timeout: float
+) -> list[tuple[float, str]]:
+    """The longest retry delays whose hold, with the time limit and the margin, reaches
+    ``timeout``: each with the tools that ask for it, named for a refusal."""
+    too_slow: dict[float, list[str]] = {}
+    for tool, policy in retry_policies.items():
+        delay = longest_retry_delay(policy)
+        if delay + limit + RUN_TIME_MARGIN >= timeout:
+            too_slow.setdefault(delay, []).append(tool)
+    return [
+        (delay, f"tool {tools[0]}" if len(tools) == 1 else f"tools {', '.join(sorted(tools))}")
+        for delay, tools in sorted(too_slow.items())
+    ]
+
+
+def _consumer_timeout_problems(
+    conf: Any, retry_policies: Mapping[str, RetryPolicy], timeout: float
+) -> list[str]:
+    """RabbitMQ closes the channel of a consumer that holds a delivery unacknowledged past its
+    ``consumer_timeout`` and gives the message to another worker: a step would run twice, and
+    every other delivery of that channel would be redelivered with it. With acks late a step
+    holds its message while it runs, and a retry its worker holds for its countdown (on
+    classic queues, or a countdown below a second) too: the same sum as Redis's visibility
+    timeout, counted conservatively."""
+    fix = (
+        f"raise consumer_timeout in rabbitmq.conf (milliseconds, e.g. consumer_timeout = "
+        f"3600000) and set {CONSUMER_TIMEOUT_ENV} to it in seconds"
+    )
+    limit = float(conf.get("task_time_limit") or 0)
+    if limit <= 0:
+        return [
+            f"task_time_limit is {conf.get('task_time_limit')!r}: on RabbitMQ a step running "
+            f"past the consumer timeout ({timeout:g}s, {CONSUMER_TIMEOUT_ENV}) is handed to a "
+            "second worker while the first still runs it; set a time limit below it"
+        ]
+    if limit + RUN_TIME_MARGIN >= timeout:
+        return [
+            f"task_time_limit ({limit:g}s) plus a {RUN_TIME_MARGIN:g}s margin is not below "
+            f"RabbitMQ's consumer timeout ({timeout:g}s, {CONSUMER_TIMEOUT_ENV}): a step could "
+            f"run on two workers at once; lower the time limit or {fix}"
+        ]
+    return [
+        f"{named}: the longest retry delay ({delay:g}s) plus task_time_limit ({limit:g}s) plus "
+        f"a {RUN_TIME_MARGIN:g}s margin is not below RabbitMQ's consumer timeout ({timeout:g}s, "
+        f"{CONSUMER_TIMEOUT_ENV}): a retried step could run on two workers at once; shorten "
+        f"the tool's RetryPolicy.backoff_max or {fix}"
+        for delay, named in _held_past(retry_policies, limit, timeout)
+    ]
+
+
+def broker_queue_problems(app: Any) -> list[str]:
+    """A saga queue RabbitMQ already has with other arguments (classic where saga declares
+    quorum): refused at start-up, with how to migrate, rather than as a consumer failing in a
+    loop. A broker that does not answer yet is no reason to refuse: the worker waits for it."""
+    try:
+        return queue_conflicts(app)
+    except Exception as exc:
+        logger.warning("saga: could not look at the broker's queues at start-up: %r", exc)
+        return []
 
 
 def _tls_problems(conf: Any) -> list[str]:

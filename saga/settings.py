@@ -115,6 +115,13 @@ def redis_url_from_env(name: str, default: str) -> str:
 
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, "sentinel")
+#: RabbitMQ brokers (kombu's py-amqp transport): never the stack's Redis.
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
+def is_amqp_url(url: str) -> bool:
+    """Whether ``url`` names a RabbitMQ broker (``amqp://``, ``amqps://``, ``pyamqp://``)."""
+    return url.partition("://")[0].lower() in AMQP_SCHEMES
 
 
 def check_redis_url(name: str, url: str) -> None:
@@ -200,6 +207,8 @@ class Settings:
         """Read ``SAGA_REDIS_URL`` (falling back to ``SAGA_BROKER_URL``) and the rest."""
         env = os.environ
         broker_url = env.get("SAGA_BROKER_URL") or DEFAULT_REDIS_URL
+        if is_amqp_url(broker_url):  # a RabbitMQ broker: the stack is Redis's, not its
+            broker_url = DEFAULT_REDIS_URL
         redis_url = redis_url_from_env("SAGA_REDIS_URL", broker_url)
         check_redis_url(
             "SAGA_REDIS_URL" if env.get("SAGA_REDIS_URL") else "SAGA_BROKER_URL", redis_url

@@ -28,6 +28,7 @@ from sqlalchemy import func, select
 from saga import extras, metrics
 from saga.agents.agent import AgentRegistry
 from saga.agents.hosted import install_turn_tasks, publish_hosted_agents
+from saga.celery_amqp import broker_countdown
 from saga.compensation import compensate
 from saga.constants import (
     CONCLUDE_UNWIND_TASK,
@@ -42,6 +43,7 @@ from saga.escalations.invocation import app_spec_of
 from saga.fault_points import FAULTS_ENV, faults_enabled
 from saga.forward import run_step
 from saga.guard import (
+    broker_queue_problems,
     configuration_problems,
     records_schema_problems,
     warn_stale_shapes,
@@ -146,14 +148,18 @@ def install(
         except Exception as exc:
             # The records database may be down: keep the run unwinding and try again.
             attempt = self.request.retries + 1
-            raise self.retry(exc=exc, countdown=_CONCLUDE_RETRY.delay(attempt)) from exc
+            countdown = broker_countdown(self.app.conf, _CONCLUDE_RETRY.delay(attempt))
+            raise self.retry(exc=exc, countdown=countdown) from exc
 
 
-def guard_problems(core: Core, check_redis: bool = True) -> list[str]:
+def guard_problems(core: Core, check_redis: bool = True, check_broker: bool = True) -> list[str]:
     """What the start-up guard finds wrong with ``saga``'s app (``saga doctor`` asks too,
-    ``check_redis=False`` when it has looked at the stack's Redis itself)."""
+    ``check_redis=False`` and ``check_broker=False`` when it has looked at the stack's Redis
+    and the broker's queues itself)."""
     stores = [core.store.client] if check_redis else []
     problems = configuration_problems(core.app.conf, _delays(core), stores)
+    if check_broker:
+        problems += broker_queue_problems(core.app)
     return problems + notify_task.configuration_problems(core.settings.notifications, core.app.conf)
 
 

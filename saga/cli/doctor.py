@@ -1,22 +1,33 @@
 """``saga doctor``: is this deployment able to keep its promises?
 
 Each check names what it protects: the stack's Redis must answer, persist (AOF) and never evict;
-the broker must answer; the records database must answer and be migrated; workers must be
-online for the tools (and the turns), beat must be scheduling the reaper; and the start-up
-guard must find nothing wrong with the app's settings. Exit 4 when a service does not answer,
-1 when a check fails, 0 otherwise (warnings included).
+the broker must answer, and its queues be of the type saga declares (``saga.cli.doctor_broker``,
+which also counts their messages and consumers); the records database must answer and be
+migrated; workers must be online for the tools (and the turns), beat must be scheduling the
+reaper; and the start-up guard must find nothing wrong with the app's settings. Exit 4 when a
+service does not answer, 1 when a check fails, 0 otherwise (warnings included).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from saga.cli.context import Env, ExitCode, Failure, emit_json, mask
+from saga.cli.doctor_broker import (
+    TIMEOUT,
+    Check,
+    bare_app,
+    broker_check,
+    broker_url,
+    queues_check,
+)
+from saga.cli.doctor_broker import (
+    probe as _probe,
+)
 from saga.constants import TOOL_TASK_PREFIX, TURN_QUEUE
 from saga.errors import DatabaseSchemaError
 
@@ -26,20 +37,8 @@ if TYPE_CHECKING:
 
     from saga.engine import Saga
 
-Status = Literal["ok", "warn", "fail", "skip"]
 _MARK = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "skip": ("-", "dim")}
-#: Seconds any one probe may take: a doctor that hangs on a dead service helps nobody.
-TIMEOUT = 3.0
 _RECORD_TABLES = ("saga_runs", "saga_escalations")
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: Status
-    detail: str
-    #: The service did not answer (exit 4 rather than 1).
-    unreachable: bool = False
 
 
 @click.command()
@@ -75,13 +74,15 @@ def run_checks(env: Env) -> list[Check]:
     settings = env.settings
     checks = _redis_checks(settings.redis_url, settings.redis_options)
     redis_up = checks[0].status == "ok"
-    broker_url = _broker_url(saga, settings.redis_url)
-    app = saga.app if saga is not None else _bare_app(broker_url)
-    checks.append(_broker_check(app, broker_url))
+    url = broker_url(saga, settings.redis_url)
+    app = saga.app if saga is not None else bare_app(url)
+    checks.append(broker_check(app, url))
     broker_up = checks[-1].status == "ok"
     checks += _database_checks(settings.database_url)
     if broker_up:
-        checks += _worker_checks(app, saga)
+        worker_checks, served = _worker_checks(app, saga)
+        checks += worker_checks
+        checks.append(queues_check(app, served))
         checks.append(_tools_check(env, app, saga, redis_up))
     else:
         checks.append(Check("workers", "skip", "the broker does not answer"))
@@ -91,13 +92,6 @@ def run_checks(env: Env) -> list[Check]:
         _stale_shapes_check(saga) if redis_up else Check("stale shapes", "skip", "no Redis")
     )
     return checks
-
-
-def _probe(name: str, probe: Callable[[], Check]) -> Check:
-    try:
-        return probe()
-    except Exception as exc:  # a check that cannot look is a finding, not a traceback
-        return Check(name, "fail", f"could not check: {type(exc).__name__}: {exc}")
 
 
 # -- Redis -------------------------------------------------------------------------------------
@@ -156,47 +150,6 @@ def _persistence(config: dict[str, str]) -> Check:
 # -- broker, database --------------------------------------------------------------------------
 
 
-def _broker_url(saga: Saga | None, redis_url: str) -> str:
-    if saga is not None:
-        return str(saga.app.conf.broker_url or redis_url)
-    return os.environ.get("SAGA_BROKER_URL") or redis_url
-
-
-def _bare_app(broker_url: str) -> Celery:
-    """A Celery app that only talks to the broker (no app was named): pings, queues."""
-    # Imported on use: `saga --help` loads none of a command's imports.
-    from celery import Celery
-
-    from saga.redis_urls import kombu_url, sentinel_transport_options
-
-    app = Celery("saga-doctor", broker=kombu_url(broker_url), set_as_current=False)
-    app.conf.update(accept_content=["json"], task_serializer="json")
-    app.conf.broker_transport_options = sentinel_transport_options(
-        os.environ.get("SAGA_REDIS_URL", ""), kombu_url(broker_url)
-    )
-    return app
-
-
-def _broker_check(app: Celery, url: str) -> Check:
-    def probe() -> Check:
-        connection = app.connection_for_write()  # with the app's TLS and transport options
-        try:
-            connection.ensure_connection(
-                max_retries=1,
-                interval_start=0,
-                interval_step=0.2,
-                interval_max=0.2,
-                timeout=TIMEOUT,
-            )
-        except Exception as exc:
-            return Check("broker", "fail", f"{mask(url)} does not answer: {exc}", True)
-        finally:
-            connection.release()
-        return Check("broker", "ok", f"{mask(url)} answers")
-
-    return _probe("broker", probe)
-
-
 def _database_checks(url: str) -> list[Check]:
     # Imported on use: `saga --help` loads none of a command's imports.
     from sqlalchemy import create_engine, inspect, text
@@ -242,18 +195,23 @@ def _migrations(url: str) -> Check:
 # -- workers, beat, guard ----------------------------------------------------------------------
 
 
-def _worker_checks(app: Celery, saga: Saga | None) -> list[Check]:
+def _worker_checks(app: Celery, saga: Saga | None) -> tuple[list[Check], dict[str, int]]:
+    """The workers' checks, and how many of them consume each queue (for the queues')."""
     try:
         # One broadcast (its replies name the workers too), every reply kept as a list:
         # inspect() keys them by node name, so two workers started under the same name
         # (celery@host) would count as one and hide its queues.
         replies = app.control.broadcast("active_queues", reply=True, timeout=TIMEOUT / 2) or []
     except Exception as exc:
-        return [Check("workers", "fail", f"could not ask them: {exc}", True)]
+        return [Check("workers", "fail", f"could not ask them: {exc}", True)], {}
     names = sorted(name for reply in replies for name in reply)
     if not names:
-        return [Check("workers", "fail", "no worker answered")]
-    served = {q["name"] for reply in replies for found in reply.values() for q in found or []}
+        return [Check("workers", "fail", "no worker answered")], {}
+    served: dict[str, int] = {}
+    for reply in replies:
+        for found in reply.values():
+            for queue in {q["name"] for q in found or []}:
+                served[queue] = served.get(queue, 0) + 1
     checks = [Check("workers", "ok", f"{len(names)} online: {', '.join(names)}")]
     shared = sorted({n for n in names if names.count(n) > 1})
     if shared:
@@ -270,7 +228,7 @@ def _worker_checks(app: Celery, saga: Saga | None) -> list[Check]:
         hosted = saga is not None and len(saga.agents) > 0
         detail = f"no worker consumes {TURN_QUEUE!r}: hosted turns and web aborts would wait"
         checks.append(Check("turn queue", "fail" if hosted else "warn", detail))
-    return checks
+    return checks, served
 
 
 def _tools_check(env: Env, app: Celery, saga: Saga | None, redis_up: bool) -> Check:
@@ -353,7 +311,8 @@ def _guard_check(saga: Saga | None) -> Check:
         # Imported on use: `saga --help` loads none of a command's imports.
         from saga.worker import guard_problems
 
-        problems = guard_problems(saga.core, check_redis=False)  # Redis was checked above
+        # Redis and the broker's queues were checked above.
+        problems = guard_problems(saga.core, check_redis=False, check_broker=False)
         if problems:
             return Check("guard", "fail", "; ".join(problems))
         return Check("guard", "ok", "the worker's start-up guard finds nothing")

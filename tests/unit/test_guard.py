@@ -131,11 +131,17 @@ def test_a_missing_time_limit_is_refused_on_a_redis_broker(limit: int | None) ->
     assert problem.startswith(f"task_time_limit is {limit!r}: on a Redis broker nothing")
 
 
-def test_a_missing_time_limit_is_fine_on_a_broker_without_visibility_timeout() -> None:
-    """AMQP redelivers only when the consumer's connection dies: no timeout to outlast."""
+def test_on_amqp_the_consumer_timeout_takes_the_visibility_timeouts_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RabbitMQ has no visibility timeout, but redelivers a delivery held past its consumer
+    timeout (SAGA_RABBITMQ_CONSUMER_TIMEOUT, 1800 s by default): no time limit is refused."""
+    monkeypatch.delenv("SAGA_RABBITMQ_CONSUMER_TIMEOUT", raising=False)
     conf = {**REDIS_CONF, "broker_url": "amqp://guest@localhost//", "task_time_limit": None}
 
-    assert configuration_problems(conf, {"slow": fixed(5000)}, []) == []
+    (problem,) = configuration_problems(conf, {"slow": fixed(5000)}, [])
+    assert problem.startswith("task_time_limit is None: on RabbitMQ")
+    assert configuration_problems({**conf, "task_time_limit": 300}, {"quick": fixed(5)}, []) == []
 
 
 # -- the longest delay a policy asks for ------------------------------------------------------
