@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
@@ -36,6 +35,7 @@ import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
 import redis.sentinel as sentinel
 
+from saga.env_secrets import secret_from_env
 from saga.errors import ConfigurationError
 
 __all__ = [
@@ -165,16 +165,7 @@ def kombu_url(url: str) -> str:
 
 
 def _sentinel_password() -> str | None:
-    value = os.environ.get(PASSWORD_ENV)
-    path = os.environ.get(f"{PASSWORD_ENV}_FILE")
-    if value and path:
-        raise ConfigurationError(f"set {PASSWORD_ENV} or {PASSWORD_ENV}_FILE, not both")
-    if path:
-        try:
-            return Path(path).read_text().rstrip("\n")
-        except OSError as exc:
-            raise ConfigurationError(f"{PASSWORD_ENV}_FILE: cannot read {path}: {exc}") from None
-    return value or None
+    return secret_from_env(PASSWORD_ENV)
 
 
 def _sentinel_kwargs(options: dict[str, Any], tls: bool) -> dict[str, Any]:

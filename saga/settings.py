@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Self
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from saga.env_secrets import secret_from_env as secret_from_env
 from saga.errors import ConfigurationError
 from saga.notify_settings import NotifySettings
 from saga.redis_urls import SENTINEL_SCHEMES, is_tls, parse_sentinel
@@ -75,21 +76,6 @@ def _env_flag(name: str, default: bool) -> bool:
     if raw in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"{name} must be 1 or 0, got {raw!r}")
-
-
-def secret_from_env(name: str) -> str | None:
-    """``NAME``, or the content of the file ``NAME_FILE`` names (a container's secret, its
-    trailing newline dropped); None when neither is set."""
-    value = os.environ.get(name)
-    path = os.environ.get(f"{name}_FILE")
-    if value and path:
-        raise ConfigurationError(f"set {name} or {name}_FILE, not both")
-    if path:
-        try:
-            return Path(path).read_text().rstrip("\n")
-        except OSError as exc:
-            raise ConfigurationError(f"{name}_FILE: cannot read {path}: {exc}") from None
-    return value or None
 
 
 def with_password(url: str, password: str | None) -> str:
