@@ -36,6 +36,8 @@ from saga.hooks import RunListener, SagaHooks
 from saga.model import RunState
 from saga.picture import RunPicture
 from saga.records import EscalationRecord, RecordStore
+from saga.records.rows import escalation_id
+from saga.rules import REASON_STORE_BEHIND
 from saga.settings import Settings
 from saga.stack import RunStore
 from saga.tool_hosts import CallerTools
@@ -64,9 +66,7 @@ class Core(Dispatcher):
         self.registry = registry
         self.settings = settings
         self.hooks = hooks
-        self.store = RunStore.from_url(
-            settings.redis_url, settings.retention_seconds, **settings.redis_options
-        )
+        self.store = RunStore.for_settings(settings)
         self._records: RecordStore | None = None
         self._records_lock = threading.Lock()
         #: Publish options by task name (``_publish_options``), worked out on first use.
@@ -181,9 +181,21 @@ class Core(Dispatcher):
         Only the owner of the unwind calls this. It sends first and marks sent after, so a
         crash in between makes the redelivered owner send again (the compensations check
         their recorded state and lease before running), never zero times. False when the
-        broker refused the chain (logged; the reaper sends it at the run's deadline).
+        broker refused the chain (logged; the reaper sends it at the run's deadline), and when
+        the run's keys are older than its SQL record (``behind_records``): nothing is undone
+        from a store that went back in time.
         """
         picture = self.picture(run_id)
+        try:
+            behind = self.behind_records(
+                run_id, picture.state, picture.version, picture.recorded_version
+            )
+        except SQLAlchemyError as exc:  # unjudged: the reaper sends it once SQL is back
+            logger.error("run %s: its record could not be read (%s); unwind not sent", run_id, exc)
+            return False
+        if behind:
+            self.escalate_behind(run_id, behind)
+            return False
         if picture.pivot_step is not None:
             self.conclude(run_id, owner)
             return True
@@ -285,6 +297,42 @@ class Core(Dispatcher):
         expiry = self.store.now() + self.store.retention_seconds + _EXPIRY_MARGIN
         self.store.schedule(run_id, expiry)
         return replace(picture, recorded=True)
+
+    def behind_records(
+        self, run_id: str, state: RunState, version: str, recorded_version: str | None
+    ) -> str:
+        """What diverged, if the run's keys (in ``state`` at ``version``, having seen its SQL
+        record written up to ``recorded_version``) are older than that record: a failover to a
+        replica that missed the last writes, or an old master that resynced, took the store
+        back in time. ``""`` when they are not, or it cannot be judged (no record).
+
+        Keys of a lower version than the record are older. So are the keys of a run not ended
+        that never saw that record written, whatever their version (what they did after going
+        back bumped it); a requeue, a resolution or an effect that landed late moves on from
+        keys that saw it. Keys from before ``recorded_version`` was kept are judged by their
+        version alone."""
+        record = self.records.run(run_id)
+        if record is None or record.version is None or not version.isdigit():
+            return ""
+        behind = int(version) < record.version
+        if not behind and not state.ended and recorded_version is not None:
+            behind = int(recorded_version or 0) < record.version
+        if not behind:
+            return ""
+        seen = "no record" if recorded_version in (None, "", "0") else f"v{recorded_version}"
+        return (
+            f"SQL recorded it {record.state} at version {record.version}; its Redis keys say "
+            f"{state.value} at version {version}, having seen {seen} written"
+        )
+
+    def escalate_behind(self, run_id: str, problem: str) -> None:
+        """Tell a person, once per divergence (not again once they closed it, while nothing
+        changed), that the run's keys went back in time: the reaper's escalation of the run,
+        which no script fences. Nothing is done to the run: SQL and the effects stand."""
+        logger.error("run %s went back in time in Redis (%s): left to a person", run_id, problem)
+        told = self.records.escalation(escalation_id(run_id, None))
+        if told is None or told.cause != problem:
+            self.escalated(self.records.record_unreadable(run_id, problem, REASON_STORE_BEHIND))
 
     def escalated(self, escalation: EscalationRecord) -> None:
         """A person must take over: the ERROR log and the notices (``saga.notifications``),

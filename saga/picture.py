@@ -105,6 +105,10 @@ class RunPicture:
     cause: str = ""
     #: True once the SQL record of an ended run matches this version (its keys may expire).
     recorded: bool = False
+    #: The latest version whose SQL record these keys saw written (``"0"``: none yet); None
+    #: for keys written before it was kept. Keys older than their record lack it: the store
+    #: went back in time (``saga.core.Core.behind_records``).
+    recorded_version: str | None = None
     #: A hosted agent's loop, as stored (``saga.constants.agent_key``); empty for a run driven
     #: by ``run.call``. ``saga.agents.turn_state`` reads it.
     agent: dict[str, str] = field(default_factory=dict)
@@ -154,6 +158,7 @@ def picture_from(
         version=run.get("version", ""),
         cause=run.get("cause", ""),
         recorded=run.get("recorded") == "1",
+        recorded_version=run.get("recorded_version"),
         agent=dict(agent or {}),
         actions=_actions_from(run),
         resolution=_resolution_from(run),
@@ -257,6 +262,11 @@ def hashes_of(
         "doubt": picture.doubt,
         "recorded": "1" if picture.recorded else "",
     }
+    # Keys rebuilt from a record saw it written (``Core.behind_records``).
+    if picture.recorded_version is not None:
+        run["recorded_version"] = picture.recorded_version
+    elif picture.recorded:
+        run["recorded_version"] = picture.version or "0"
     for action in picture.actions:
         name = f"requeue:{action['generation']}"
         run[name] = _json({"by": action["by"], "corrections": action["corrections"]})

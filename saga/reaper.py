@@ -10,6 +10,13 @@ The reaper (Celery beat, ``saga.reap``) looks only at runs that are due: the ind
 run, when to look next (its deadline past its last change; for an ended run, when its keys
 expire). Each due run is handled on its own: one it cannot read is logged, escalated and looked
 at again later, and the others are still reaped.
+
+What SQL recorded is never overruled by a store that went back in time (a failover to a
+replica that had not received the last writes, an old master that resynced): before the reaper
+acts on a run (reconciles a step, abandons, takes over an unwind, records an end) it checks that
+the run's keys are not older than its SQL record. A run whose keys are is escalated to a
+person (``<run_id>:reaper``, naming both versions) and never acted on: nothing is undone and
+nothing is concluded again from the older picture.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from saga.errors import RunEndedError, StoreUnavailableError, UnknownToolError
 from saga.model import RunState, StepState, ToolClass
 from saga.notifications.notifier import Notifier
 from saga.picture import RunPicture
+from saga.stack import RunHead
 from saga.tools import Tool
 
 logger = logging.getLogger("saga.reaper")
@@ -56,6 +64,9 @@ class ReapReport:
     notices: list[str] = field(default_factory=list)
     #: Runs it could not handle: (run id, what went wrong). Each is escalated.
     broken: list[tuple[str, str]] = field(default_factory=list)
+    #: Runs whose keys are older than their SQL record: (run id, what diverged). Each is
+    #: escalated once and left as it is.
+    behind: list[tuple[str, str]] = field(default_factory=list)
 
 
 def mark_in_doubt(core: Core, run_id: str, step: int, error: dict[str, Any]) -> str:
@@ -145,6 +156,8 @@ def _reap_one(core: Core, run_id: str, due: float, now: float, report: ReapRepor
         return
     if head.state.ended:
         if not head.recorded:
+            if _behind_records(core, run_id, head, now, report):
+                return
             core.record_end(run_id)  # raises while the database is away: tried again later
             report.recorded.append(run_id)
         else:
@@ -153,23 +166,35 @@ def _reap_one(core: Core, run_id: str, due: float, now: float, report: ReapRepor
     if now - head.updated < head.deadline:
         next_look = head.updated + head.deadline
         if head.state is RunState.UNWINDING:  # a step in doubt may wait for its lease only
-            waiting = _reconcile_doubts(core, core.picture(run_id), report)
+            waiting = _reconcile_doubts(core, core.picture(run_id), now, report)
+            if waiting is None:
+                return
             next_look = min([next_look, *waiting])
         core.store.schedule(run_id, next_look)
         return
     picture = core.picture(run_id)
+    if _behind_records(core, run_id, picture, now, report):
+        return
     _resolve(core, picture, now, report)
     # Look again a deadline from now, unless progress moves it on (it is re-read then).
     core.store.schedule(run_id, now + max(picture.deadline, 1.0))
 
 
-def _reconcile_doubts(core: Core, picture: RunPicture, report: ReapReport) -> list[float]:
+def _reconcile_doubts(
+    core: Core, picture: RunPicture, now: float, report: ReapReport
+) -> list[float] | None:
     """Reconcile the steps in doubt whose delivery's lease has run out (the run need not be
-    idle: nobody else will settle them); return when the others' leases end."""
+    idle: nobody else will settle them); return when the others' leases end, or None when the
+    run's keys are older than its SQL record (escalated, left alone)."""
     waiting = []
+    checked = False
     for record in picture.steps:
         if record.state is not StepState.IN_DOUBT or record.step not in picture.in_flight:
             continue
+        if not checked:
+            checked = True
+            if _behind_records(core, picture.run_id, picture, now, report):
+                return None
         error = {"type": "NoOutcome", "message": "in doubt"}
         marked = core.store.mark_in_doubt(picture.run_id, record.step, error, respect_lease=True)
         if marked.status == "in_doubt" and str(marked.values[0]) == "0":
@@ -178,6 +203,21 @@ def _reconcile_doubts(core: Core, picture: RunPicture, report: ReapReport) -> li
         elif record.lease is not None:
             waiting.append(record.lease)
     return waiting
+
+
+def _behind_records(
+    core: Core, run_id: str, keys: RunHead | RunPicture, now: float, report: ReapReport
+) -> bool:
+    """Whether the run's keys are older than its SQL record (``Core.behind_records``); if
+    so, it is escalated once and looked at again later, and the reaper does nothing to it."""
+    # The database away raises: the run is tried again later.
+    problem = core.behind_records(run_id, keys.state, keys.version, keys.recorded_version)
+    if not problem:
+        return False
+    report.behind.append((run_id, problem))
+    core.store.schedule(run_id, now + _RETRY_BROKEN)
+    core.escalate_behind(run_id, problem)
+    return True
 
 
 #: Errors that say a store is unreachable for now, not that this run's data is wrong.
@@ -208,10 +248,7 @@ def _broken(
     logger.exception("reaper could not handle run %s; escalating it", run_id)
     try:
         core.store.schedule(run_id, now + _RETRY_BROKEN)
-        core.records.record_unreadable(run_id, message)
-        for escalation in core.records.escalations(run_id, open_only=True):
-            if escalation.escalation_id == f"{run_id}:reaper":  # record_unreadable's row
-                notifier.escalated(escalation)
+        notifier.escalated(core.records.record_unreadable(run_id, message))
     except Exception:
         logger.exception("run %s: could not escalate the reaper's failure either", run_id)
 

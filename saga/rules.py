@@ -23,6 +23,11 @@ REASON_AFTER_PIVOT = "failed after an irreversible step"
 REASON_COMPENSATION_FAILED = "compensation failed"
 #: A step's compensation function raised: its effect is live, and there is no undo to requeue.
 REASON_COMPENSATION_NOT_BUILT = "a compensation could not be built"
+#: The run's keys in Redis are older than its SQL record (the store went back in time).
+REASON_STORE_BEHIND = (
+    "its Redis state is older than its SQL record (the store went back in time): "
+    "nothing was undone or concluded again; a person decides"
+)
 
 _BEFORE_PIVOT = frozenset(
     {ToolClass.CONVERGENT_WRITE, ToolClass.REVERSIBLE_WRITE, ToolClass.COMPENSATABLE_WRITE}

@@ -27,15 +27,19 @@ class RunHead:
     deadline: float
     recorded: bool
     ended: float | None
+    #: The run's version (``""`` for keys written before versions were), and the latest
+    #: one whose SQL record the keys saw written (``RunPicture.recorded_version``).
+    version: str = ""
+    recorded_version: str | None = None
 
 
 #: The run hash's fields a ``RunHead`` is read from, in ``head_of``'s order.
-HEAD_FIELDS = ("state", "updated", "deadline", "recorded", "ended")
+HEAD_FIELDS = ("state", "updated", "deadline", "recorded", "ended", "version", "recorded_version")
 
 
 def head_of(values: Sequence[Any]) -> RunHead | None:
     """The head of a run from its ``HEAD_FIELDS``; None when the run has no keys."""
-    state, updated, deadline, recorded, ended = values
+    state, updated, deadline, recorded, ended, version, recorded_version = values
     if state is None:
         return None
     return RunHead(
@@ -44,6 +48,8 @@ def head_of(values: Sequence[Any]) -> RunHead | None:
         deadline=float(deadline or 0),
         recorded=recorded == "1",
         ended=float(ended) if ended else None,
+        version=str(version or ""),
+        recorded_version=None if recorded_version is None else str(recorded_version),
     )
 
 

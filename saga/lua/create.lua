@@ -9,7 +9,7 @@ local created = ARGV[5]
 redis.call('HSET', RUN, 'state', 'running', 'version', 0, 'next_step', 0, 'pivot', '',
   'reason', '', 'owner', '', 'sent', '0', 'generation', 0, 'created', created,
   'updated', created, 'ended', '', 'allow_after_pivot', ARGV[1], 'deadline', ARGV[2],
-  'doubt', '', 'recorded', '')
+  'doubt', '', 'recorded', '', 'recorded_version', '0')
 if ARGV[3] and ARGV[3] ~= '' then
   redis.call('HSET', AGENT, 'name', ARGV[3], 'input', ARGV[4], 'created', created,
     'model_calls', 0, 'tokens_in', 0, 'tokens_out', 0, 'bytes', string.len(ARGV[4]))

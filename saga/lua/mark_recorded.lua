@@ -9,7 +9,8 @@ if not ended[run[1]] then
   return {'moved', run[1]}
 end
 if run[2] ~= ARGV[1] then return {'moved', run[1]} end
-redis.call('HSET', RUN, 'recorded', '1')
+-- recorded_version: what keys that went back in time lack (saga.core.Core.behind_records).
+redis.call('HSET', RUN, 'recorded', '1', 'recorded_version', ARGV[1])
 -- The hosted loop's hash (transcript, turns) goes with the run: its SQL record holds it too.
 for _, key in ipairs({RUN, STEPS, INFLIGHT, STACK, COMPS, AGENT}) do
   redis.call('EXPIRE', key, ARGV[2])

@@ -160,13 +160,16 @@ class RecordStore:
             connection.execute(_CLOSE_OPEN_ESCALATIONS, close)
         return escalation
 
-    def record_unreadable(self, run_id: str, problem: str) -> None:
-        """Escalate a run the reaper could not read or resolve (bad data in its keys, a bug):
-        a person must look, and the other runs go on being reaped."""
+    def record_unreadable(
+        self, run_id: str, problem: str, reason: str = "the reaper could not handle this run"
+    ) -> EscalationRecord:
+        """Escalate a run the reaper could not read or resolve (bad data in its keys, a bug, a
+        store that went back in time): a person must look, and the other runs go on being
+        reaped. Its row is the reaper's own (``<run_id>:reaper``), opened again if closed."""
         record = EscalationRecord(
             escalation_id=escalation_id_of(run_id, None),
             run_id=run_id,
-            reason="the reaper could not handle this run",
+            reason=reason,
             cause=problem,
             created_at=_now(),
             steps_done=[],
@@ -180,6 +183,7 @@ class RecordStore:
         )
         with self.engine.begin() as connection:
             upsert_records(connection, [record])
+        return record
 
     def record_action(self, action: ActionRecord) -> None:
         """Write an operator's action now (it also reaches SQL with the run's next record)."""

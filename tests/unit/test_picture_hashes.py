@@ -71,6 +71,7 @@ def escalated_picture(**changes: Any) -> RunPicture:
         "version": "42",
         "cause": "step 5 failed",
         "recorded": True,
+        "recorded_version": "42",  # keys of a recorded run saw their record written
         "actions": (
             {"kind": "requeue", "generation": 1, "by": "alice", "at": 1_700_000_050.0,
              "count": 1, "corrections": {"2": {"before": {"a": 1}, "after": {"a": 2}}}},

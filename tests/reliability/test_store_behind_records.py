@@ -1,0 +1,148 @@
+"""A store that went back in time is never believed over what SQL recorded.
+
+A failover to a replica that had not received the last writes, or an old master that resynced,
+leaves a run's keys older than its SQL record: a run SQL recorded ``completed`` is ``running``
+in Redis again, a step of it in flight. Here the keys are put back as they were earlier in the
+run (``DUMP`` then ``RESTORE`` of every key of the run: what a lost tail of writes leaves) on
+a private Redis, after a real worker ran the run to its recorded end. The reaper, which would
+otherwise abandon the run and reverse its $2,500 credit, escalates it once and does nothing
+else: no undo runs, SQL keeps its end, and the next passes stay quiet.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from saga import RunState, StepFailedError
+from saga.constants import agent_key, run_keys
+from saga.rules import REASON_STORE_BEHIND
+from tasks import systems
+from tests.integration.helpers import ORDER, TICKET, demo_steps, wait_until
+from tests.reliability.conftest import Private
+from tests.reliability.test_crashes import credits_and_reversals, hand_reserve
+
+pytestmark = pytest.mark.timeout(120)
+
+#: The result backend's keys (on the same Redis here, so they go back in time too).
+RESULTS = "celery-task-meta-*"
+CREDIT_CALL = ("issue_credit", {"order_id": ORDER, "amount_cents": 100, "memo": "goodwill"})
+TICKET_CALL = ("set_ticket_status", {"ticket_id": TICKET, "status": "pending_refund"})
+
+
+def snapshot(env: Private, run_id: str) -> dict[str, bytes]:
+    """Every key of the run and every task result as they are now, dumped (what ``RESTORE``
+    puts back)."""
+    raw = env.saga.store.client
+    keys = [*run_keys(run_id), agent_key(run_id), *raw.scan_iter(match=RESULTS)]
+    return {key: dumped for key in keys if (dumped := raw.dump(key)) is not None}
+
+
+def go_back(env: Private, run_id: str, dumped: dict[str, bytes]) -> None:
+    """Put the run's keys and the task results back as ``snapshot`` found them, dropping
+    those written since, and make the run due for the reaper (its index entry went back with
+    them)."""
+    raw = env.saga.store.client
+    for key in [*run_keys(run_id), agent_key(run_id), *raw.scan_iter(match=RESULTS)]:
+        raw.delete(key)
+    for key, value in dumped.items():
+        raw.restore(key, 0, value, replace=True)
+    env.saga.store.schedule(run_id, 0)
+
+
+@pytest.mark.parametrize("in_flight", [False, True], ids=["idle", "step-in-flight"])
+def test_a_recorded_run_whose_keys_went_back_in_time_is_escalated_never_reversed(
+    private: Callable[..., Private], in_flight: bool
+) -> None:
+    # Given a run that credited $2,500, changed the ticket and completed, recorded in SQL
+    env = private(run_deadline=1)
+    env.worker(concurrency=1)
+    run = env.saga.start_run()
+    demo_steps(run, upto=2)
+    earlier = snapshot(env, run.run_id)
+    run.call(TICKET_CALL[0], **TICKET_CALL[1]).result(timeout=20)
+    done = run.finish(timeout=20)
+    assert done.state is RunState.COMPLETED
+    recorded = env.saga.records.run(run.run_id)
+    assert recorded is not None and recorded.state == "completed"
+
+    # When Redis goes back to just after the credit (and, in flight: a step dispatched there
+    # that no worker will ever take), and the reaper passes once the run looks abandoned
+    go_back(env, run.run_id, earlier)
+    if in_flight:
+        hand_reserve(env, run.run_id, *TICKET_CALL)
+    behind = env.saga.picture(run.run_id)
+    assert behind.state is RunState.RUNNING
+    time.sleep(1.5)
+    report = env.saga.reap()
+
+    # Then the run is escalated once, naming both versions, and nothing is undone
+    assert report.abandoned == [] and report.never_started == [] and report.in_doubt == []
+    assert [run_id for run_id, _ in report.behind] == [run.run_id]
+    problem = report.behind[0][1]
+    assert f"completed at version {recorded.version}" in problem
+    assert f"running at version {behind.version}" in problem
+    escalation = env.saga.records.escalation(f"{run.run_id}:reaper")
+    assert escalation is not None and not escalation.resolved
+    assert escalation.reason == REASON_STORE_BEHIND and escalation.cause == problem
+    time.sleep(1.0)  # a reversal sent by mistake would have landed by now
+    assert credits_and_reversals(run.run_id) == (1, 0)
+    assert systems.get_ticket(TICKET)["status"] == "pending_refund"
+    after = env.saga.records.run(run.run_id)
+    assert after is not None and (after.state, after.version) == ("completed", recorded.version)
+    assert env.saga.picture(run.run_id).state is RunState.RUNNING  # left as it is, for a person
+
+    # And a person who closed it is not told again while nothing changed; later passes,
+    # even far past every deadline and lease, act on nothing
+    closed = env.saga.resolve_escalation(f"{run.run_id}:reaper", note="seen", by="ops")
+    assert closed.resolved
+    for ahead in (0.0, 3_600.0):
+        env.saga.store.schedule(run.run_id, 0)
+        again = env.saga.reap(now=env.saga.store.now() + ahead)
+        assert [run_id for run_id, _ in again.behind] == [run.run_id]
+        assert again.abandoned == [] and again.in_doubt == [] and again.never_started == []
+    reread = env.saga.records.escalation(f"{run.run_id}:reaper")
+    assert reread is not None and reread.resolved
+    assert credits_and_reversals(run.run_id) == (1, 0)
+
+
+def test_a_step_failing_on_keys_gone_back_in_time_undoes_nothing(
+    private: Callable[..., Private],
+) -> None:
+    # Given a completed run, recorded in SQL, whose keys went back to just after its credit
+    env = private()
+    env.worker(concurrency=1)
+    run = env.saga.start_run()
+    demo_steps(run, upto=2)
+    earlier = snapshot(env, run.run_id)
+    run.call(TICKET_CALL[0], **TICKET_CALL[1]).result(timeout=20)
+    assert run.finish(timeout=20).state is RunState.COMPLETED
+    go_back(env, run.run_id, earlier)
+
+    # When the agent, told nothing, calls a second credit there that fails for good (its
+    # failure and retries bump the keys' version past the record's: the version alone would
+    # believe them)
+    env.faults.fail(CREDIT_CALL[0], times=50)
+    with pytest.raises(StepFailedError):
+        run.call(CREDIT_CALL[0], **CREDIT_CALL[1]).result(timeout=30)
+
+    # Then the unwind the failure owns is never sent: a person is told, nothing is undone
+    escalation = wait_until(
+        lambda: env.saga.records.escalation(f"{run.run_id}:reaper"), what="the escalation"
+    )
+    assert escalation.reason == REASON_STORE_BEHIND
+    picture = env.saga.picture(run.run_id)
+    recorded = env.saga.records.run(run.run_id)
+    assert recorded is not None and recorded.state == "completed"
+    assert picture.state is RunState.UNWINDING and picture.extra["sent"] == "0"
+    assert "having seen no record written" in escalation.cause
+    time.sleep(1.0)  # a reversal sent by mistake would have landed by now
+    assert credits_and_reversals(run.run_id) == (1, 0)
+
+    # And the reaper, which takes over an unwind nobody sent at the run's deadline, leaves it
+    report = env.saga.reap(now=env.saga.store.now() + 3_600)
+    assert [run_id for run_id, _ in report.behind] == [run.run_id] and report.resumed == []
+    assert credits_and_reversals(run.run_id) == (1, 0)
+    assert env.saga.records.run(run.run_id).state == "completed"  # type: ignore[union-attr]
