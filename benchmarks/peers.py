@@ -9,9 +9,11 @@ in its own process (``benchmarks/dbos_peer.py``, in ``.venv-peers``). K runs are
 once in every mode, and rounds are interleaved (bare, saga, dbos-pg, dbos-sqlite, bare, ...)
 so drift hits all alike.
 
-Two passes, each with its own redis-server and PostgreSQL database (made here, dropped after):
-*normal* (Redis without an AOF, PostgreSQL ``synchronous_commit=off``: neither waits for the
-disk) and *durable* (Redis ``appendfsync always``, PostgreSQL ``synchronous_commit=on``).
+Three passes, each with its own redis-server and PostgreSQL database (made here, dropped
+after): *normal* (Redis without an AOF, PostgreSQL ``synchronous_commit=off``: neither waits
+for the disk), *durable* (Redis ``appendfsync always``, PostgreSQL ``synchronous_commit=on``)
+and *replicated* (durable, with one replica confirming each of saga's writes that count,
+``SAGA_REDIS_CONFIRM_REPLICAS=1``: saga alone, for what the confirmation costs).
 
 Reported per run: CPU milliseconds by process (the caller: this process's driver threads; the
 Celery worker with its pool; Redis; the DBOS process; PostgreSQL's backends for our database),
@@ -19,7 +21,8 @@ Redis commands (``INFO commandstats``, script-internal calls included), runs/s (
 rounds) and solo latency p50. Timings are reported, never asserted. The last line:
 ``peers: saga/dbos-pg happy X fail Y; durable happy X fail Y; saga/bare cpu happy X fail Y;
 ceiling bare/dbos-pg happy X fail Y`` (the bare chain's runs/s over DBOS's in the same
-invocation: what a Celery engine with no saga at all reaches against DBOS on this machine).
+invocation: what a Celery engine with no saga at all reaches against DBOS on this machine),
+after ``replica confirmation: saga replicated/durable ...`` (the confirmation's cost).
 """
 
 from __future__ import annotations
@@ -217,16 +220,41 @@ class Contenders:
         return {f"{mode}-{path}": entry for mode, entry in results.items()}
 
 
-def measure_pass(args: argparse.Namespace, durable: bool) -> dict[str, Any]:
-    """One pass (its own Redis, database, worker and DBOS drivers): every mode's figures."""
+def _wait_for_sync(port: int, timeout: float = 30.0) -> None:
+    import redis
+
+    client = redis.Redis(port=port, decode_responses=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while client.info("replication").get("master_link_status") != "up":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replica on {port} did not sync in {timeout:.0f} s")
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
+def measure_pass(
+    args: argparse.Namespace, durable: bool, replicated: bool = False
+) -> dict[str, Any]:
+    """One pass (its own Redis, database, worker and DBOS drivers): every mode's figures.
+    ``replicated``: durable, with a replica that confirms saga's writes that count
+    (``SAGA_REDIS_CONFIRM_REPLICAS=1``); saga alone runs, for the confirmation's cost."""
     import redis
 
     from saga.testing import RedisServer, WorkerProcess
 
     persistence = ("--appendonly", "yes", "--appendfsync", "always") if durable else ()
     server = RedisServer("--appendonly", "no", *persistence).start()
+    replica = None
+    if replicated:
+        replica = RedisServer("--replicaof", "127.0.0.1", str(server.port), *persistence)
+        replica.start()
+        _wait_for_sync(replica.port)
     pg_url, drop_database = postgres_database(args.postgres, durable)
     env = costs.bench_environment(server.url, "saga-peers-")
+    if replicated:
+        env["SAGA_REDIS_CONFIRM_REPLICAS"] = os.environ["SAGA_REDIS_CONFIRM_REPLICAS"] = "1"
     tmp = Path(env["SAGA_DEMO_DATA"]).parent
     from tasks import systems
 
@@ -247,7 +275,7 @@ def measure_pass(args: argparse.Namespace, durable: bool) -> dict[str, Any]:
 
         bench_app.saga.records  # noqa: B018 - made before the first timed run
         peer_env = {**os.environ, **env}
-        if not args.without_dbos:
+        if not args.without_dbos and not replicated:
             peers["dbos-pg"] = DbosPeer(pg_url, args.inflight, peer_env)
         if not durable and not args.without_dbos:
             sqlite_url = f"sqlite:///{tmp / 'dbos.db'}"
@@ -259,6 +287,8 @@ def measure_pass(args: argparse.Namespace, durable: bool) -> dict[str, Any]:
             {"postgres": pg_cpu},
         )
         modes = ["saga", "dbos-pg"] if durable else ["bare", "saga", "dbos-pg", "dbos-sqlite"]
+        if replicated:
+            modes = ["saga"]
         modes = [m for m in modes if m in ("bare", "saga") or m in peers]
         contenders = Contenders(drivers, peers, pool, meter)
         results: dict[str, Any] = {}
@@ -275,6 +305,8 @@ def measure_pass(args: argparse.Namespace, durable: bool) -> dict[str, Any]:
         worker.stop()
         systems.dispose_engines()
         client.close()
+        if replica is not None:
+            replica.stop()
         server.stop()
         drop_database()
 
@@ -318,7 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="Celery worker pool size")
     parser.add_argument("--inflight", type=int, default=8, help="runs driven at once")
     parser.add_argument("--solo", type=int, default=15, help="solo runs for latency")
-    parser.add_argument("--pass", dest="only", choices=("normal", "durable"), default=None)
+    parser.add_argument(
+        "--pass", dest="only", choices=("normal", "durable", "replicated"), default=None
+    )
     parser.add_argument("--json", action="store_true", help="print the pass's figures as JSON")
     parser.add_argument("--without-dbos", action="store_true", help="bare and saga only")
     args = parser.parse_args(argv)
@@ -326,15 +360,17 @@ def main(argv: list[str] | None = None) -> int:
     if not PEERS_PYTHON.exists() and not args.without_dbos:
         parser.error(f"{PEERS_PYTHON} is missing: make bench-peers creates it")
     if args.only:  # one pass, in a process of its own (the saga app binds its Redis at import)
-        table = summarise(measure_pass(args, args.only == "durable"))
+        durable = args.only in ("durable", "replicated")
+        table = summarise(measure_pass(args, durable, args.only == "replicated"))
         if args.json:
             print(json.dumps(table))
         else:
             render(f"{args.only} pass, per run:", table)
         return 0
     tables = {}
-    for name in ("normal", "durable"):
+    for name in ("normal", "durable", "replicated"):
         command = [sys.executable, __file__, "--pass", name, "--json"]
+        command += ["--without-dbos"] if args.without_dbos else []
         command += [f"--runs={args.runs}", f"--rounds={args.rounds}", f"--solo={args.solo}"]
         command += [f"--concurrency={args.concurrency}", f"--inflight={args.inflight}"]
         done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
@@ -347,7 +383,22 @@ def main(argv: list[str] | None = None) -> int:
     render(
         "durable (Redis appendfsync always; PostgreSQL synchronous_commit=on):", tables["durable"]
     )
-    normal, durable = tables["normal"], tables["durable"]
+    render(
+        "replicated (durable, one replica confirming each write that counts: WAIT):",
+        tables["replicated"],
+    )
+    normal, durable, replicated = tables["normal"], tables["durable"], tables["replicated"]
+
+    def confirmation(path: str, what: str) -> float:
+        return replicated[f"saga-{path}"][what] / durable[f"saga-{path}"][what]
+
+    print(
+        f"replica confirmation: saga replicated/durable runs/s happy "
+        f"{confirmation('happy', 'runs/s'):.2f} fail {confirmation('fail', 'runs/s'):.2f}; "
+        f"cpu ms happy {confirmation('happy', 'cpu ms'):.2f} "
+        f"fail {confirmation('fail', 'cpu ms'):.2f}; redis cmds happy "
+        f"{confirmation('happy', 'redis cmds'):.2f} fail {confirmation('fail', 'redis cmds'):.2f}"
+    )
 
     def ratio(table: dict[str, dict[str, float]], path: str, other: str, what: str) -> float:
         return table[f"saga-{path}"][what] / table[f"{other}-{path}"][what]
@@ -355,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     def ceiling(table: dict[str, dict[str, float]], path: str) -> float:
         return table[f"bare-{path}"]["runs/s"] / table[f"dbos-pg-{path}"]["runs/s"]
 
+    if args.without_dbos:
+        return 0
     print(
         f"peers: saga/dbos-pg happy {ratio(normal, 'happy', 'dbos-pg', 'runs/s'):.2f} "
         f"fail {ratio(normal, 'fail', 'dbos-pg', 'runs/s'):.2f}; "

@@ -26,6 +26,7 @@ from saga.run_rows import ROW_FIELDS, Position, RunRow, row_of_head
 from saga.settings import Settings
 from saga.stack import (
     HEAD_FIELDS,
+    ReplicaConfirmation,
     RunHead,
     head_of,
     outcome_of,
@@ -69,6 +70,17 @@ class AsyncRunStore:
         }
         self._offset = 0.0
         self._offset_measured = float("-inf")
+        self.confirmation = ReplicaConfirmation(
+            settings.replicas_to_confirm, settings.replica_confirm_timeout_ms
+        )
+
+    async def _confirm(self, script: str) -> None:
+        """``RunStore``'s wait for the replicas (``ReplicaConfirmation``), awaited."""
+        if self.confirmation.wanted(script):
+            wanted = self.confirmation
+            self.confirmation.check(
+                script, int(await self.redis.wait(wanted.replicas, wanted.timeout_ms))
+            )
 
     async def published(self, agent: str) -> dict[str, Any] | None:
         with reachable("published_agent"):
@@ -94,6 +106,7 @@ class AsyncRunStore:
                     continue
                 break
             raise_first_error(answers)
+            await self._confirm("create")
         return str(answers[-1]) == "1"
 
     async def script(self, name: str, run_id: str, *args: Any) -> Any:
@@ -101,6 +114,7 @@ class AsyncRunStore:
         keys = script_keys(run_id)
         with reachable(name):
             raw = await self._scripts[name](keys=keys, args=list(args))
+            await self._confirm(name)
         return outcome_of(name, run_id, raw, args)
 
     async def picture(self, run_id: str) -> RunPicture:

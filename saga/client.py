@@ -102,9 +102,7 @@ class Client:
         settings: Settings | None = None,
     ) -> None:
         self.settings, redis_url, broker_url = resolved(broker_url, redis_url, settings)
-        self.store = RunStore.from_url(
-            redis_url, self.settings.retention_seconds, **self.settings.redis_options
-        )
+        self.store = RunStore.for_settings(self.settings, redis_url)
         self.app = broker_app(broker_url, redis_url)
 
     def enqueue_run(

@@ -174,6 +174,14 @@ class Settings:
     turn_events: bool = False
     #: Extra Redis client options (e.g. TLS certificates).
     redis_options: dict[str, object] = field(default_factory=dict)
+    #: How many replicas must hold the writes a failover must not lose (an undo pushed, a
+    #: conclusion, the unwind's owner, a decision, a run's creation: ``saga.store_scripts``)
+    #: before they count, and how long each waits for them (``WAIT``; fewer in time is
+    #: ``StoreUnavailableError``, waited out like an outage). 0: none, for a single Redis or
+    #: a deployment that accepts losing the last writes to a failover. Pair it with
+    #: ``min-replicas-to-write`` on the master (``docs/deployment.md``).
+    replicas_to_confirm: int = 0
+    replica_confirm_timeout_ms: int = 1000
     #: Who is told of escalations besides the ERROR log (``SAGA_NOTIFY_*``).
     notifications: NotifySettings = field(default_factory=NotifySettings)
     #: ``module[:attr]`` of the application's ``Saga`` (``SAGA_APP``): the ``--app`` of the
@@ -226,6 +234,10 @@ class Settings:
             database_auto_upgrade=_env_flag("SAGA_DB_AUTO_UPGRADE", cls.database_auto_upgrade),
             turn_events=_env_flag("SAGA_TURN_EVENTS", cls.turn_events),
             redis_options=redis_options,
+            replicas_to_confirm=_env_int("SAGA_REDIS_CONFIRM_REPLICAS", cls.replicas_to_confirm),
+            replica_confirm_timeout_ms=_env_int(
+                "SAGA_REDIS_CONFIRM_TIMEOUT_MS", cls.replica_confirm_timeout_ms
+            ),
             notifications=NotifySettings.from_env(),
             app=env.get("SAGA_APP", "").strip(),
         )

@@ -18,6 +18,7 @@ from typing import Any
 
 from saga.picture import CompensationRecord, RunPicture, RunView, StepRecord
 from saga.redis_urls import redis_client
+from saga.settings import Settings
 from saga.store_indexes import RunIndexes
 from saga.store_indexes import queue_create as queue_create
 from saga.store_reads import HEAD_FIELDS as HEAD_FIELDS
@@ -25,7 +26,7 @@ from saga.store_reads import RunHead, RunReads
 from saga.store_reads import head_of as head_of
 from saga.store_reads import picture_of as picture_of
 from saga.store_reads import read_picture as read_picture
-from saga.store_scripts import Outcome
+from saga.store_scripts import Outcome, ReplicaConfirmation
 from saga.store_scripts import outcome_of as outcome_of
 from saga.store_scripts import queue_script as queue_script
 from saga.store_scripts import raise_first_error as raise_first_error
@@ -39,6 +40,7 @@ from saga.turn_scripts import TurnScripts
 __all__ = [
     "CompensationRecord",
     "Outcome",
+    "ReplicaConfirmation",
     "RunHead",
     "RunPicture",
     "RunStore",
@@ -60,11 +62,31 @@ class RunStore(RunIndexes, RunReads, RunTransitions, TurnScripts):
     """
 
     @classmethod
-    def from_url(cls, url: str, retention_seconds: int, **options: Any) -> RunStore:
+    def from_url(
+        cls,
+        url: str,
+        retention_seconds: int,
+        *,
+        confirmation: ReplicaConfirmation | None = None,
+        **options: Any,
+    ) -> RunStore:
         """A store on ``url`` whose connection pool waits for a free connection instead of
         raising (redis-py caps a plain pool at 100, and a web app with more threads waiting
         on results would see its calls fail). ``?max_connections=N`` in the URL sets the cap.
-        A Sentinel URL (``saga.redis_urls``) gives a client of whichever server is master."""
+        A Sentinel URL (``saga.redis_urls``) gives a client of whichever server is master.
+        ``confirmation``: the replicas that must hold the writes that count."""
         options = {"max_connections": _MAX_CONNECTIONS, "timeout": _POOL_WAIT, **options}
         client = redis_client(url, blocking=True, decode_responses=True, **options)
-        return cls(client, retention_seconds)
+        return cls(client, retention_seconds, confirmation)
+
+    @classmethod
+    def for_settings(cls, settings: Settings, url: str | None = None) -> RunStore:
+        """The store ``settings`` describe (``url``: another URL of the same deployment)."""
+        return cls.from_url(
+            url or settings.redis_url,
+            settings.retention_seconds,
+            confirmation=ReplicaConfirmation(
+                settings.replicas_to_confirm, settings.replica_confirm_timeout_ms
+            ),
+            **settings.redis_options,
+        )

@@ -72,6 +72,58 @@ _SCRIPTS = (
 #: Answers of the scripts that mean "this transition is not in the table" (saga/machine.py).
 ILLEGAL = "illegal"
 
+#: The writes a failover must not lose, which replicas confirm when the deployment asks
+#: (``Settings.replicas_to_confirm``): a run's creation, an undo pushed (before the step's
+#: message is acked) or found by a lookup, the unwind's ownership (a failure, an abort, a
+#: take-over), a compensation's outcome, the conclusion, an approval's decision, a requeue
+#: and a resolution. The others (a reservation, a step begun, a retry counted, a chain marked
+#: sent, a record marked written) are repeated or reconciled when lost.
+CONFIRMED_SCRIPTS = frozenset(
+    {
+        "create",
+        "record_success",
+        "resolve_in_doubt",
+        "record_failure",
+        "abort",
+        "take_over",
+        "record_compensation",
+        "conclude",
+        "decide_approval",
+        "requeue",
+        "resolve",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ReplicaConfirmation:
+    """How many replicas must hold a ``CONFIRMED_SCRIPTS`` write before it counts (``WAIT``
+    after it), and how long to wait for them. Fewer in time: ``StoreUnavailableError`` (the
+    write stands on the master; every script answers the same call again with what it
+    decided, so repeating it converges and waits again)."""
+
+    replicas: int = 0
+    timeout_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0:
+            raise ConfigurationError(f"replicas to confirm must be 0 or more, not {self.replicas}")
+        if self.replicas and self.timeout_ms <= 0:  # WAIT 0 would block a worker for good
+            raise ConfigurationError(
+                f"the replicas' confirmation needs a timeout above 0 ms, not {self.timeout_ms}"
+            )
+
+    def wanted(self, script: str) -> bool:
+        return self.replicas > 0 and script in CONFIRMED_SCRIPTS
+
+    def check(self, script: str, confirmed: int) -> None:
+        if confirmed < self.replicas:
+            raise StoreUnavailableError(
+                f"Redis: {script} was confirmed by {confirmed} of {self.replicas} replica(s) "
+                f"within {self.timeout_ms} ms; it stands on the master only, and the same "
+                "call again converges"
+            )
+
 
 @functools.cache
 def script_sources() -> dict[str, str]:
@@ -107,9 +159,15 @@ class StoreCore:
     """What every part of the store (``saga.stack.RunStore``) is built on: the Redis client,
     the registered scripts, the way to call them, and the server's clock."""
 
-    def __init__(self, client: redis.Redis, retention_seconds: int) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        retention_seconds: int,
+        confirmation: ReplicaConfirmation | None = None,
+    ) -> None:
         self.client = client
         self.retention_seconds = retention_seconds
+        self.confirmation = confirmation or ReplicaConfirmation()
         self._scripts = _load_scripts(client)
         self._offset = 0.0
         self._offset_measured = float("-inf")
@@ -124,7 +182,15 @@ class StoreCore:
             keys.append(extra)
         with reachable(script):
             raw = self._scripts[script](keys=keys, args=list(args))
+            self._confirm(script)
         return outcome_of(script, run_id, raw, args)
+
+    def _confirm(self, script: str) -> None:
+        """Wait for the replicas to hold what ``script`` wrote, when it is a write that counts
+        (``ReplicaConfirmation``); inside the caller's ``reachable``."""
+        if self.confirmation.wanted(script):
+            confirmed = self.client.wait(self.confirmation.replicas, self.confirmation.timeout_ms)
+            self.confirmation.check(script, int(confirmed))
 
     def now(self, exact: bool = False) -> float:
         """The Redis server's clock, the one every script records: this host's clock corrected
@@ -158,6 +224,7 @@ class StoreCore:
                     continue
                 break
             raise_first_error(answers)
+            self._confirm(name)
         return answers
 
 

@@ -133,10 +133,7 @@ class Env:
             # Imported on use: `saga --help` loads none of a command's imports.
             from saga.stack import RunStore
 
-            settings = self.settings
-            self._store = RunStore.from_url(
-                settings.redis_url, settings.retention_seconds, **settings.redis_options
-            )
+            self._store = RunStore.for_settings(self.settings)
             self._opened.append(self._store.client)
         return self._store
 

@@ -1,0 +1,182 @@
+"""The writes a failover must not lose count only once a replica holds them.
+
+Replication is asynchronous: a master acknowledges a write before any replica has it, and a
+failover then promotes a replica without it. With ``SAGA_REDIS_CONFIRM_REPLICAS=1`` each write
+that counts (``saga.store_scripts.CONFIRMED_SCRIPTS``) is followed by ``WAIT``. Here a private
+master has one replica, which the tests pause (``SIGSTOP``: a replica too slow, or cut off) and
+resume: a real worker's step whose undo no replica confirmed is not reported settled (its
+message not acked) until the replica has the undo, and its credit is applied once; a caller's
+write no replica confirms is ``StoreUnavailableError`` (retryable), and the same call again
+converges, for the sync store and the asyncio one alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import redis
+
+from saga import RunState, Settings
+from saga.aio_transport import AsyncRunStore
+from saga.constants import run_keys
+from saga.errors import ConfigurationError, StoreUnavailableError
+from saga.model import StepState
+from saga.stack import ReplicaConfirmation, RunStore
+from saga.testing import RedisServer
+from tests.integration.helpers import CREDIT, ORDER, wait_until
+from tests.reliability.conftest import Private
+from tests.reliability.test_crashes import credits_and_reversals, processed
+
+pytestmark = pytest.mark.timeout(120)
+
+CONFIRM = {"SAGA_REDIS_CONFIRM_REPLICAS": "1", "SAGA_REDIS_CONFIRM_TIMEOUT_MS": "200"}
+
+
+class Replica:
+    """A replica of a test's private Redis, which a test pauses and resumes."""
+
+    def __init__(self, master: RedisServer, directory: Path) -> None:
+        self.server = RedisServer(
+            "--replicaof", "127.0.0.1", str(master.port), directory=directory
+        ).start()
+        self.client = redis.Redis(port=self.server.port, socket_timeout=5, decode_responses=True)
+        self.paused = False
+        wait_until(
+            lambda: self.client.info("replication")["master_link_status"] == "up",
+            what="the replica to sync",
+        )
+
+    def pause(self) -> None:
+        assert self.server.process is not None
+        os.kill(self.server.process.pid, signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        if self.paused and self.server.process is not None:
+            os.kill(self.server.process.pid, signal.SIGCONT)
+        self.paused = False
+
+    def stop(self) -> None:
+        self.resume()
+        self.client.close()
+        self.server.stop()
+
+
+@pytest.fixture
+def replicated(
+    private: Callable[..., Private], tmp_path: Path
+) -> Iterator[tuple[Private, Replica]]:
+    """A private saga whose workers confirm their writes with one replica, and that replica."""
+    env = private(extra_env=CONFIRM)
+    replica = Replica(env.redis, tmp_path / "replica")
+    try:
+        yield env, replica
+    finally:
+        for worker in env.workers:
+            worker.kill()
+        replica.stop()
+
+
+def test_an_undo_no_replica_holds_yet_keeps_its_message_unacked_and_credits_once(
+    replicated: tuple[Private, Replica],
+) -> None:
+    # Given a worker that confirms its writes, and a run with a read done
+    env, replica = replicated
+    worker = env.worker(concurrency=1)
+    run = env.saga.start_run()
+    run.call("get_order", order_id=ORDER).result(timeout=20)
+
+    # When the replica stops answering while the credit runs
+    replica.pause()
+    handle = run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="late")
+    wait_until(lambda: credits_and_reversals(run.run_id) == (1, 0), what="the credit")
+    time.sleep(1.5)
+
+    # Then the credit happened and its outcome is written on the master, but the step's
+    # message is not acked while no replica has its undo: the worker waits the missing
+    # confirmation out as an outage (a failover now redelivers the step, whose lookup finds
+    # the credit by its key: nothing is lost, nothing applied twice)
+    task_id = f"{run.run_id}:{handle.step}"
+    wait_until(lambda: "replica(s)" in worker.log(), what="the worker to say what it waits for")
+    assert not processed(worker, task_id)
+
+    # And once the replica is back, the message is acked, the undo on the replica, credited
+    # once
+    replica.resume()
+    wait_until(lambda: processed(worker, task_id), what="the step's task to finish")
+    assert handle.result(timeout=20)["amount_cents"] == CREDIT
+    assert env.saga.picture(run.run_id).step(handle.step).state is StepState.SUCCEEDED
+    stack_key = run_keys(run.run_id)[3]
+    wait_until(lambda: replica.client.llen(stack_key) == 1, what="the undo on the replica")
+    assert credits_and_reversals(run.run_id) == (1, 0)
+    assert run.finish(timeout=20).state is RunState.COMPLETED
+
+
+def until_confirmed(call: Callable[[], bool], timeout: float = 20.0) -> bool:
+    """``call`` again while it is unavailable (the replica catching up): what a caller does
+    with a retryable error."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except StoreUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_a_callers_write_no_replica_confirms_is_unavailable_and_converges_when_repeated(
+    replicated: tuple[Private, Replica],
+) -> None:
+    env, replica = replicated
+    settings = replace(Settings(), replicas_to_confirm=1, replica_confirm_timeout_ms=100)
+    url = env.url + "/0"
+    store = RunStore.for_settings(settings, url)
+
+    def create_async(run_id: str) -> bool:
+        async def create() -> bool:
+            aio = AsyncRunStore(url, settings)
+            try:
+                return await aio.create(run_id, 60.0, "", "", False)
+            finally:
+                await aio.redis.aclose()
+
+        return asyncio.run(create())
+
+    try:
+        # Given a replica that does not answer
+        replica.pause()
+
+        # When a run is created, by the sync store and by the asyncio one
+        with pytest.raises(StoreUnavailableError, match="confirmed by 0 of 1 replica"):
+            store.create("sync-run", 60.0)
+        with pytest.raises(StoreUnavailableError, match="confirmed by 0 of 1 replica"):
+            create_async("async-run")
+
+        # Then each stands on the master only; once the replica is back the same call again
+        # is confirmed and says the run exists (it is not made twice)
+        assert store.head("sync-run") is not None and store.head("async-run") is not None
+        replica.resume()
+        assert until_confirmed(lambda: store.create("sync-run", 60.0)) is False
+        assert until_confirmed(lambda: create_async("async-run")) is False
+        for run_id in ("sync-run", "async-run"):
+            assert replica.client.hget(run_keys(run_id)[0], "state") == "running"
+    finally:
+        store.client.close()
+
+
+def test_a_confirmation_that_could_block_for_good_is_refused() -> None:
+    assert not ReplicaConfirmation().wanted("record_success")
+    assert ReplicaConfirmation(1).wanted("record_success")
+    assert not ReplicaConfirmation(1).wanted("reserve")  # repeated or reconciled when lost
+    with pytest.raises(ConfigurationError, match="timeout above 0 ms"):
+        ReplicaConfirmation(1, 0)  # WAIT 1 0 waits forever
+    with pytest.raises(ConfigurationError, match="0 or more"):
+        ReplicaConfirmation(-1)
