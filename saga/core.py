@@ -23,6 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from saga import metrics, rules, telemetry
 from saga.dispatch import Dispatcher
+from saga.divergence import behind_records
 from saga.effects import encode_effect
 from saga.errors import (
     RunContendedError,
@@ -296,34 +297,14 @@ class Core(Dispatcher):
         # Look again when the keys have expired, to drop the run from the index.
         expiry = self.store.now() + self.store.retention_seconds + _EXPIRY_MARGIN
         self.store.schedule(run_id, expiry)
-        return replace(picture, recorded=True)
+        return replace(picture, recorded=True, recorded_version=picture.version)
 
     def behind_records(
         self, run_id: str, state: RunState, version: str, recorded_version: str | None
     ) -> str:
-        """What diverged, if the run's keys (in ``state`` at ``version``, having seen its SQL
-        record written up to ``recorded_version``) are older than that record: a failover to a
-        replica that missed the last writes, or an old master that resynced, took the store
-        back in time. ``""`` when they are not, or it cannot be judged (no record).
-
-        Keys of a lower version than the record are older. So are the keys of a run not ended
-        that never saw that record written, whatever their version (what they did after going
-        back bumped it); a requeue, a resolution or an effect that landed late moves on from
-        keys that saw it. Keys from before ``recorded_version`` was kept are judged by their
-        version alone."""
-        record = self.records.run(run_id)
-        if record is None or record.version is None or not version.isdigit():
-            return ""
-        behind = int(version) < record.version
-        if not behind and not state.ended and recorded_version is not None:
-            behind = int(recorded_version or 0) < record.version
-        if not behind:
-            return ""
-        seen = "no record" if recorded_version in (None, "", "0") else f"v{recorded_version}"
-        return (
-            f"SQL recorded it {record.state} at version {record.version}; its Redis keys say "
-            f"{state.value} at version {version}, having seen {seen} written"
-        )
+        """What diverged, if the run's keys are older than its SQL record (a store that went
+        back in time: ``saga.divergence``); ``""`` when they are not."""
+        return behind_records(self.records, self.store, run_id, state, version, recorded_version)
 
     def escalate_behind(self, run_id: str, problem: str) -> None:
         """Tell a person, once per divergence (not again once they closed it, while nothing

@@ -198,6 +198,30 @@ def sentinel_transport_options(store_url: str, *urls: str) -> dict[str, Any]:
     return options
 
 
+class _DropOnInterrupt:
+    """Sentinel's connection that drops itself when a read is cut short, as a plain one does.
+
+    redis-py's ``SentinelManagedConnection.read_response`` (the sync one) does not disconnect
+    on an error by default, unlike ``Connection``'s: an exception raised into a blocked read
+    (Celery's soft time limit in a ``WAIT``, a ``KeyboardInterrupt``) gave the connection back
+    to the pool with its reply unread, and its next command read that reply as its own (a
+    step's check-before-run answered ``0``, ``WAIT``'s count)."""
+
+    def read_response(self, *args: Any, disconnect_on_error: bool = True, **kwargs: Any) -> Any:
+        return super().read_response(  # type: ignore[misc]
+            *args, disconnect_on_error=disconnect_on_error, **kwargs
+        )
+
+
+# (The mixin's read_response takes what the base's does, spelled as *args/**kwargs.)
+class _SentinelConnection(_DropOnInterrupt, sentinel.SentinelManagedConnection):  # type: ignore[misc]
+    pass
+
+
+class _SentinelSSLConnection(_DropOnInterrupt, sentinel.SentinelManagedSSLConnection):  # type: ignore[misc]
+    pass
+
+
 class _SentinelPool(sentinel.SentinelConnectionPool):
     """Sentinel's pool that, closed for good, closes its connections to the sentinels too
     (redis-py leaves them open with the ``Sentinel`` that made the pool)."""
@@ -249,8 +273,12 @@ def redis_client(url: str, *, blocking: bool = False, **options: Any) -> redis.R
         list(found.sentinels), sentinel_kwargs=_sentinel_kwargs(options, found.tls)
     )
     pool = _BlockingSentinelPool if blocking else _SentinelPool
+    connection = _SentinelSSLConnection if found.tls else _SentinelConnection
     master: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
-        found.master, connection_pool_class=pool, **_master_options(found, options)
+        found.master,
+        connection_pool_class=pool,
+        connection_class=connection,
+        **_master_options(found, options),
     )
     return master
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,13 @@ from saga.client import Client
 from saga.constants import run_keys
 from saga.guard import configuration_problems
 from saga.model import RunState
-from saga.redis_urls import kombu_url
+from saga.redis_urls import kombu_url, redis_client
 from saga.stack import RunStore
-from saga.testing import WorkerProcess
+from saga.testing import Faults, WorkerProcess
 from tasks import systems
 from tasks.tools import tools
 from tests.conftest import ROOT, service_missing
-from tests.integration.helpers import demo_steps
+from tests.integration.helpers import CREDIT, ORDER, demo_steps, wait_until
 from tests.reliability.conftest import TIME_LIMIT, VISIBILITY_TIMEOUT
 from tests.reliability.sentinel_cluster import MASTER, SentinelCluster, role
 
@@ -159,3 +160,97 @@ def test_a_demo_run_completes_and_the_next_one_after_a_failover_too(
     finally:
         on_new.close()
         on_old.close()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("point", ["mid-step", "during-the-unwind"])
+def test_a_failover_with_replica_confirmation_loses_nothing_and_applies_nothing_twice(
+    cluster: SentinelCluster,
+    world: tuple[Saga, dict[str, str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    point: str,
+) -> None:
+    """``SENTINEL FAILOVER`` while the credit runs, or while its reversal runs, under a worker
+    that confirms its writes with the replica: the run ends as it would have without the
+    failover, each effect and undo applied once, and Redis (the new master) and SQL agree."""
+    saga, env = world
+    monkeypatch.setenv("SAGA_TESTING_FAULTS", "1")
+    faults = Faults(saga.store.client)
+    # A time limit the wait for a replica after the failover fits in (the new master has
+    # none until the old one rejoins it): the tests' 5 s would cut the step short. The
+    # visibility timeout just above it: a delivery whose ack the failover lost comes back then.
+    worker_env = {
+        **env,
+        "SAGA_TESTING_FAULTS": "1",
+        "SAGA_REDIS_CONFIRM_REPLICAS": "1",
+        "SAGA_TASK_TIME_LIMIT": "15",
+        "SAGA_VISIBILITY_TIMEOUT": "20",
+    }
+    worker = WorkerProcess(
+        "tasks.app", env=worker_env, concurrency=1, cwd=ROOT, logfile=tmp_path / "worker.log"
+    )
+    with worker:
+        run = saga.start_run()
+        run.call("get_order", order_id=ORDER).result(timeout=30)
+        if point == "mid-step":
+            faults.delay("issue_credit", 3.0)
+        else:
+            faults.delay("reverse_credit", 3.0, point="before_compensation")
+        credit = run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="late")
+        if point == "mid-step":
+            wait_until(lambda: step_state(saga, run.run_id, credit.step) == "running", 30, "credit")
+            cluster.failover()
+            assert credit.result(timeout=90)["amount_cents"] == CREDIT
+            ended = run.finish(timeout=90)
+            expected, reversals = RunState.COMPLETED, 0
+        else:
+            credit.result(timeout=30)
+            run.abort("the customer cancelled")
+            wait_until(
+                lambda: any(c.state.value == "running" for c in run.picture().compensations),
+                30,
+                "the reversal to start",
+            )
+            cluster.failover()
+            ended = run.wait(timeout=90)
+            expected, reversals = RunState.COMPENSATED, 1
+    assert ended.state is expected, (ended.state, ended.reason)
+    ledger = [r for r in systems.ledger() if r["idempotency_key"].startswith(f"{run.run_id}:")]
+    assert sum(r["kind"] == "credit" for r in ledger) == 1
+    assert sum(r["kind"] == "reversal" for r in ledger) == reversals
+    record = saga.records.run(run.run_id)
+    assert record is not None and record.state == expected.value
+    assert saga.picture(run.run_id).state is expected  # the new master's keys
+    assert _served_by(saga.store.client) == cluster.master_port()
+
+
+def step_state(saga: Saga, run_id: str, step: int) -> str:
+    return saga.picture(run_id).step(step).state.value
+
+
+class _CutShort(BaseException):
+    """What Celery's soft time limit raises into a task: from a signal handler, mid-call."""
+
+
+def test_a_read_cut_short_drops_its_connection_so_the_next_command_reads_its_own_reply(
+    cluster: SentinelCluster,
+) -> None:
+    client = redis_client(cluster.url(), decode_responses=True, socket_timeout=5)
+
+    def cut_short(_signum: int, _frame: object) -> None:
+        raise _CutShort()
+
+    previous = signal.signal(signal.SIGALRM, cut_short)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(_CutShort):
+            client.blpop(["saga:sentinel-test:nothing"], timeout=1)  # blocked in its read
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    try:
+        assert client.echo("mine") == "mine"  # not the BLPOP's late nil
+        assert client.echo("again") == "again"
+    finally:
+        client.close()
