@@ -41,6 +41,8 @@ from saga.errors import ConfigurationError
 __all__ = [
     "MASTER_ENV",
     "PASSWORD_ENV",
+    "SentinelConnection",
+    "SentinelSSLConnection",
     "SentinelUrl",
     "async_client",
     "is_tls",
@@ -214,12 +216,13 @@ class _DropOnInterrupt:
 
 
 # (The mixin's read_response takes what the base's does, spelled as *args/**kwargs.)
-class _SentinelConnection(_DropOnInterrupt, sentinel.SentinelManagedConnection):  # type: ignore[misc]
-    pass
+class SentinelConnection(_DropOnInterrupt, sentinel.SentinelManagedConnection):  # type: ignore[misc]
+    """A connection to the master a Sentinel deployment names (``_DropOnInterrupt``): the
+    store's, and the broker's (``saga.transport``)."""
 
 
-class _SentinelSSLConnection(_DropOnInterrupt, sentinel.SentinelManagedSSLConnection):  # type: ignore[misc]
-    pass
+class SentinelSSLConnection(_DropOnInterrupt, sentinel.SentinelManagedSSLConnection):  # type: ignore[misc]
+    """``SentinelConnection`` over TLS."""
 
 
 class _SentinelPool(sentinel.SentinelConnectionPool):
@@ -273,7 +276,7 @@ def redis_client(url: str, *, blocking: bool = False, **options: Any) -> redis.R
         list(found.sentinels), sentinel_kwargs=_sentinel_kwargs(options, found.tls)
     )
     pool = _BlockingSentinelPool if blocking else _SentinelPool
-    connection = _SentinelSSLConnection if found.tls else _SentinelConnection
+    connection = SentinelSSLConnection if found.tls else SentinelConnection
     master: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
         found.master,
         connection_pool_class=pool,

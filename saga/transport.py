@@ -15,7 +15,9 @@ channel error, which the worker's consumer does not recover from: a broker demot
 worker, or refusing writes for want of replicas, stopped it ("Unrecoverable error"). As a
 connection error, the consumer reconnects with its usual backoff until writes are taken again,
 and a publish is retried under its retry policy, as when Redis restarts. (redis-py's Sentinel
-connection does the same for READONLY.)
+connection does the same for READONLY.) A Sentinel broker (``sentinel://``) gets the same from
+``SentinelTransport``, whose connections also drop themselves when a read is cut short
+(``saga.redis_urls.SentinelConnection``).
 
 ``use_pooled_client_transport(app)`` selects it for an app whose broker is Redis, unless the
 app names a transport of its own; Saga and the web client call it. It is registered with kombu
@@ -34,12 +36,17 @@ from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
 from saga.redis_errors import FailoverError, failover_answer
+from saga.redis_urls import SentinelConnection, SentinelSSLConnection
 
 __all__ = [
     "ALIASES",
     "Channel",
     "FailoverAwareConnection",
     "FailoverAwareSSLConnection",
+    "FailoverAwareSentinelConnection",
+    "FailoverAwareSentinelSSLConnection",
+    "SentinelChannel",
+    "SentinelTransport",
     "Transport",
     "use_pooled_client_transport",
 ]
@@ -48,6 +55,9 @@ __all__ = [
 ALIASES = {"redis": "saga-redis", "rediss": "saga-rediss"}
 for _alias in ALIASES.values():
     TRANSPORT_ALIASES.setdefault(_alias, "saga.transport:Transport")
+#: kombu's Sentinel transport (``sentinel://``) with this module's connections.
+SENTINEL_ALIAS = "saga-sentinel"
+TRANSPORT_ALIASES.setdefault(SENTINEL_ALIAS, "saga.transport:SentinelTransport")
 
 
 def _read(read: Any, *args: Any, **kwargs: Any) -> Any:
@@ -75,6 +85,21 @@ class FailoverAwareSSLConnection(redis.SSLConnection):
         return _read(super().read_response, *args, **kwargs)
 
 
+class FailoverAwareSentinelConnection(SentinelConnection):
+    """A connection to the master the sentinels name that raises a failover answer as
+    ``FailoverError``, and drops itself when a read is cut short (``SentinelConnection``)."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        return _read(super().read_response, *args, **kwargs)
+
+
+class FailoverAwareSentinelSSLConnection(SentinelSSLConnection):
+    """``FailoverAwareSentinelConnection`` over TLS."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        return _read(super().read_response, *args, **kwargs)
+
+
 class Channel(kombu_redis.Channel):
     """A Redis channel whose synchronous client is made once per connection pool, and whose
     connections raise a failover answer as a lost connection."""
@@ -97,6 +122,19 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel whose connections are ``FailoverAwareSentinelConnection``s: a
+    failover answer is a lost connection, and a read cut short (a soft time limit in a
+    publish) never leaves its reply for the connection's next command."""
+
+    connection_class = FailoverAwareSentinelConnection
+    connection_class_ssl = FailoverAwareSentinelSSLConnection  # type: ignore[assignment]
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
 def use_pooled_client_transport(app: Any) -> None:
     """Use this transport for ``app`` if its broker is Redis and no transport is named."""
     conf = app.conf
@@ -106,6 +144,8 @@ def use_pooled_client_transport(app: Any) -> None:
     scheme = urlparse(url).scheme if isinstance(url, str) else ""
     if scheme in ALIASES:
         conf.broker_transport = ALIASES[scheme]
+    elif scheme == "sentinel":
+        conf.broker_transport = SENTINEL_ALIAS
 
 
 def declares_nothing(app: Any, task_name: str) -> bool:

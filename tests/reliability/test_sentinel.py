@@ -29,6 +29,7 @@ from saga.model import RunState
 from saga.redis_urls import kombu_url, redis_client
 from saga.stack import RunStore
 from saga.testing import Faults, WorkerProcess
+from saga.transport import SentinelChannel, use_pooled_client_transport
 from tasks import systems
 from tasks.tools import tools
 from tests.conftest import ROOT, service_missing
@@ -233,10 +234,9 @@ class _CutShort(BaseException):
     """What Celery's soft time limit raises into a task: from a signal handler, mid-call."""
 
 
-def test_a_read_cut_short_drops_its_connection_so_the_next_command_reads_its_own_reply(
-    cluster: SentinelCluster,
-) -> None:
-    client = redis_client(cluster.url(), decode_responses=True, socket_timeout=5)
+def _cut_short_then_echo(client: redis.Redis) -> list[Any]:
+    """A BLPOP interrupted while blocked in its read (as a soft time limit interrupts a
+    WAIT), then two ECHOs on the same client: what they answer."""
 
     def cut_short(_signum: int, _frame: object) -> None:
         raise _CutShort()
@@ -245,12 +245,30 @@ def test_a_read_cut_short_drops_its_connection_so_the_next_command_reads_its_own
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.2)
         with pytest.raises(_CutShort):
-            client.blpop(["saga:sentinel-test:nothing"], timeout=1)  # blocked in its read
+            client.blpop(["saga:sentinel-test:nothing"], timeout=1)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    return [client.echo("mine"), client.echo("again")]
+
+
+def test_a_read_cut_short_drops_its_connection_so_the_next_command_reads_its_own_reply(
+    cluster: SentinelCluster,
+) -> None:
+    client = redis_client(cluster.url(), decode_responses=True, socket_timeout=5)
     try:
-        assert client.echo("mine") == "mine"  # not the BLPOP's late nil
-        assert client.echo("again") == "again"
+        assert _cut_short_then_echo(client) == ["mine", "again"]  # not the BLPOP's late nil
     finally:
         client.close()
+
+
+def test_the_brokers_sentinel_connections_drop_a_read_cut_short_too(
+    cluster: SentinelCluster,
+) -> None:
+    app = _app(cluster)
+    use_pooled_client_transport(app)
+    assert app.conf.broker_transport == "saga-sentinel"
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        assert isinstance(channel, SentinelChannel)
+        assert _cut_short_then_echo(channel.client) == [b"mine", b"again"]
