@@ -257,6 +257,40 @@ def warn_stale_shapes(core: Core) -> None:
         logger.warning("saga: stale shapes not looked for in %s", part)
 
 
+def warn_unconfirmable_writes(core: Core) -> None:
+    """The worker's start-up, with ``replicas_to_confirm`` set: warn, never refuse (a replica
+    may be restarting), when the master has fewer replicas than each write that counts waits
+    for, or does not refuse writes it cannot replicate (``min-replicas-to-write``)."""
+    wanted = core.settings.replicas_to_confirm
+    if wanted <= 0:
+        return
+    store = core.store.client
+    try:
+        replicas = int(store.info("replication").get("connected_slaves", 0))
+    except redis.RedisError as exc:
+        logger.warning("saga: could not count the stack's Redis replicas: %r", exc)
+        return
+    if replicas < wanted:
+        logger.warning(
+            "saga: the stack's Redis has %d replica(s), fewer than the %d each write that "
+            "counts waits for (SAGA_REDIS_CONFIRM_REPLICAS): those writes are unavailable "
+            "until enough replicas answer",
+            replicas,
+            wanted,
+        )
+    try:
+        floor = int(store.config_get("min-replicas-to-write").get("min-replicas-to-write") or 0)
+    except redis.RedisError:  # CONFIG not allowed: the deployment's own check
+        return
+    if floor < wanted:
+        logger.warning(
+            "saga: the stack's Redis has min-replicas-to-write %d: set it to %d, so a master cut "
+            "off from its replicas refuses writes a failover would discard (docs/deployment.md)",
+            floor,
+            wanted,
+        )
+
+
 def unknown_tools(core: Core) -> list[str]:
     """The tools callers published (``saga.tool_hosts``) that this app does not register."""
     return sorted(caller_tools(core.store.client) - {tool.name for tool in core.registry})

@@ -47,6 +47,7 @@ from saga.guard import (
     configuration_problems,
     records_schema_problems,
     warn_stale_shapes,
+    warn_unconfirmable_writes,
     warn_unknown_tools,
 )
 from saga.notifications import task as notify_task
@@ -122,6 +123,7 @@ def install(
             logger.warning("FAULT INJECTION IS ENABLED (%s=1): never in production", FAULTS_ENV)
         warn_stale_shapes(core)  # logs what an unwind would meet; never refuses
         warn_unknown_tools(core)  # names what callers know and this worker lacks
+        warn_unconfirmable_writes(core)  # too few replicas for SAGA_REDIS_CONFIRM_REPLICAS
         if problems:
             message = "saga: refusing to start the worker:\n  - " + "\n  - ".join(problems)
             logger.critical(message)

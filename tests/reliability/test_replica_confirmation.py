@@ -90,6 +90,8 @@ def test_an_undo_no_replica_holds_yet_keeps_its_message_unacked_and_credits_once
     # Given a worker that confirms its writes, and a run with a read done
     env, replica = replicated
     worker = env.worker(concurrency=1)
+    assert "fewer than the 1" not in worker.log()  # its start-up counted the replica
+    assert "min-replicas-to-write 0: set it to 1" in worker.log()  # the master's guard is off
     run = env.saga.start_run()
     run.call("get_order", order_id=ORDER).result(timeout=20)
 
@@ -170,6 +172,19 @@ def test_a_callers_write_no_replica_confirms_is_unavailable_and_converges_when_r
             assert replica.client.hget(run_keys(run_id)[0], "state") == "running"
     finally:
         store.client.close()
+
+
+def test_a_worker_that_would_wait_for_missing_replicas_says_so_at_start_up(
+    private: Callable[..., Private],
+) -> None:
+    env = private(extra_env=CONFIRM)
+    worker = env.worker(concurrency=1)
+    try:
+        log = worker.log()
+        assert "has 0 replica(s), fewer than the 1 each write that counts waits for" in log
+        assert "ready" in log  # warned, not refused: a replica may be restarting
+    finally:
+        worker.kill()
 
 
 def test_a_confirmation_that_could_block_for_good_is_refused() -> None:
