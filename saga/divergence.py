@@ -22,15 +22,17 @@ def behind_records(
     version: str,
     recorded_version: str | None,
 ) -> str:
-    """What diverged, if the run's keys (in ``state`` at ``version``, having seen its SQL
-    record written up to ``recorded_version``) are older than that record; ``""`` when they
-    are not, or it cannot be judged (no record).
+    """What diverged, if the run's keys (in ``state`` at ``version``, having ended at or seen
+    recorded ``recorded_version``) are older than that record; ``""`` when they are not, or
+    it cannot be judged (no record).
 
-    Keys of a lower version than the record are older. So are the keys of a run not ended that
-    never saw that record written, whatever their version (what was done after going back
-    bumped it); a requeue, a resolution or an effect that landed late moves on from keys that
-    saw it. Keys from before ``recorded_version`` was kept are judged by their version alone.
-    Raises what the database raises (the caller tries again later)."""
+    Keys of a lower version than the record are older. So are the keys of a run not ended
+    that never reached the end the record holds, whatever their version (what was done after
+    going back bumped it); a requeue, a resolution or an effect that landed late moves on from
+    keys that reached it (a requeue may come between the record's write and its mark: the
+    conclusion itself sets ``recorded_version``). Keys from before ``recorded_version`` was
+    kept are judged by their version alone. Raises what the database raises (the caller
+    tries again later)."""
     record = records.run(run_id)
     if record is None or record.version is None:
         return ""
@@ -53,8 +55,8 @@ def behind_records(
     now = store.head(run_id)
     if now is None or not older(now.state, now.version, now.recorded_version):
         return ""
-    seen = "no record" if now.recorded_version in (None, "", "0") else f"v{now.recorded_version}"
+    seen = "no end" if now.recorded_version in (None, "", "0") else f"v{now.recorded_version}"
     return (
         f"SQL recorded it {record.state} at version {sql}; its Redis keys say "
-        f"{now.state.value} at version {now.version}, having seen {seen} written"
+        f"{now.state.value} at version {now.version}, having reached {seen}"
     )

@@ -117,9 +117,17 @@ def _repeated(
 
 
 def _send_unwind(core: Core, run_id: str, owner: str) -> None:
-    if not core.start_unwind(run_id, owner):
-        core.store.mark_refused(run_id, owner)
-        raise MessageNotSentError(run_id, "requeued", "unwind", "the same requeue again")
+    if core.start_unwind(run_id, owner):
+        return
+    picture = core.picture(run_id)
+    behind = core.behind_records(run_id, picture.state, picture.version, picture.recorded_version)
+    if behind:  # not the broker: the keys went back in time, and nothing may be undone from them
+        raise OperationRefusedError(
+            f"run {run_id}: nothing was undone: {behind}; a person decides "
+            f"(escalation {run_id}:reaper)"
+        )
+    core.store.mark_refused(run_id, owner)
+    raise MessageNotSentError(run_id, "requeued", "unwind", "the same requeue again")
 
 
 def resolve(core: Core, escalation: str, *, note: str, by: str) -> EscalationRecord:

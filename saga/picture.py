@@ -105,9 +105,9 @@ class RunPicture:
     cause: str = ""
     #: True once the SQL record of an ended run matches this version (its keys may expire).
     recorded: bool = False
-    #: The latest version whose SQL record these keys saw written (``"0"``: none yet); None
-    #: for keys written before it was kept. Keys older than their record lack it: the store
-    #: went back in time (``saga.core.Core.behind_records``).
+    #: The latest version these keys ended at (their conclusion) or saw recorded in SQL
+    #: (``"0"``: neither yet); None for keys written before it was kept. Keys older than their
+    #: record lack it: the store went back in time (``saga.divergence``).
     recorded_version: str | None = None
     #: A hosted agent's loop, as stored (``saga.constants.agent_key``); empty for a run driven
     #: by ``run.call``. ``saga.agents.turn_state`` reads it.

@@ -39,7 +39,10 @@ local events = {completed = 'complete', compensated = 'compensate', escalated = 
   failed_to_start = 'fail_to_start'}
 local to = move('run', state, events[ARGV[1]] or '')
 if not to or to ~= ARGV[1] then return illegal('run', state, events[ARGV[1]] or ARGV[1]) end
-local fields = {'state', to, 'ended', NOW_S, 'recorded', '0'}
+-- recorded_version: an end these keys reached, whose record may be written before it is marked
+-- (a requeue in between reopens from it): saga.divergence.
+local fields = {'state', to, 'ended', NOW_S, 'recorded', '0',
+  'recorded_version', tostring((tonumber(version) or 0) + 1)}
 if ARGV[2] ~= '' then
   -- Keep what set the run failing ("step 4 failed", "aborted: ...") beside the verdict.
   if cause == '' and reason ~= ARGV[2] then

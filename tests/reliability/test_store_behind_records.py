@@ -6,7 +6,9 @@ in Redis again, a step of it in flight. Here the keys are put back as they were 
 run (``DUMP`` then ``RESTORE`` of every key of the run: what a lost tail of writes leaves) on
 a private Redis, after a real worker ran the run to its recorded end. The reaper, which would
 otherwise abandon the run and reverse its $2,500 credit, escalates it once and does nothing
-else: no undo runs, SQL keeps its end, and the next passes stay quiet.
+else: no undo runs, SQL keeps its end, and the next passes stay quiet. A step failing there,
+and an operator's requeue there, undo nothing either; a requeue between a record's write and
+its mark is no divergence.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
-from saga import RunState, StepFailedError
+from saga import OperationRefusedError, RunState, StepFailedError
 from saga.constants import agent_key, run_keys
 from saga.rules import REASON_STORE_BEHIND
 from tasks import systems
@@ -137,7 +139,7 @@ def test_a_step_failing_on_keys_gone_back_in_time_undoes_nothing(
     recorded = env.saga.records.run(run.run_id)
     assert recorded is not None and recorded.state == "completed"
     assert picture.state is RunState.UNWINDING and picture.extra["sent"] == "0"
-    assert "having seen no record written" in escalation.cause
+    assert "having reached no end" in escalation.cause
     time.sleep(1.0)  # a reversal sent by mistake would have landed by now
     assert credits_and_reversals(run.run_id) == (1, 0)
 
@@ -146,3 +148,69 @@ def test_a_step_failing_on_keys_gone_back_in_time_undoes_nothing(
     assert [run_id for run_id, _ in report.behind] == [run.run_id] and report.resumed == []
     assert credits_and_reversals(run.run_id) == (1, 0)
     assert env.saga.records.run(run.run_id).state == "completed"  # type: ignore[union-attr]
+
+
+def test_a_requeue_between_the_records_write_and_its_mark_is_believed(
+    private: Callable[..., Private],
+) -> None:
+    # Given a run escalated with its reversal down, whose worker pauses between writing the
+    # escalation's record and marking the keys recorded
+    env = private()
+    env.worker(concurrency=1)
+    run = env.saga.start_run()
+    demo_steps(run, upto=2)
+    systems.set_down("reversal")
+    env.faults.delay("", 3.0, point="after_escalation_recorded")
+    run.abort("the customer cancelled")
+    wait_until(
+        lambda: getattr(env.saga.records.run(run.run_id), "state", "") == "escalated",
+        what="the escalation's record",
+    )
+    assert not env.saga.picture(run.run_id).recorded
+
+    # When an operator requeues it right then
+    systems.set_down("reversal", False)
+    assert env.saga.requeue_failed_compensations(run.run_id, by="ops") == 1
+
+    # Then the keys are not taken for keys gone back in time: the reversal runs
+    picture = run.wait(timeout=30)
+    assert picture.state is RunState.COMPENSATED
+    assert credits_and_reversals(run.run_id) == (1, 1)
+    assert env.saga.records.escalation(f"{run.run_id}:reaper") is None
+
+
+def test_a_requeue_of_keys_gone_back_in_time_is_refused_and_undoes_nothing(
+    private: Callable[..., Private],
+) -> None:
+    # Given a run escalated with its reversal down, requeued and escalated again (recorded),
+    # whose keys then go back to its first escalation
+    env = private()
+    env.worker(concurrency=1)
+    run = env.saga.start_run()
+    demo_steps(run, upto=2)
+    systems.set_down("reversal")
+    run.abort("the customer cancelled")
+    first = run.wait(timeout=30)
+    assert first.state is RunState.ESCALATED
+    earlier = snapshot(env, run.run_id)
+    env.saga.requeue_failed_compensations(run.run_id, by="ops")
+    wait_until(
+        lambda: (
+            getattr(env.saga.records.run(run.run_id), "generation", 0) == 1
+            and env.saga.picture(run.run_id).recorded
+        ),
+        what="the second escalation's record",
+    )
+    go_back(env, run.run_id, earlier)
+    systems.set_down("reversal", False)
+
+    # When an operator requeues it from there
+    with pytest.raises(OperationRefusedError, match="nothing was undone") as refused:
+        env.saga.requeue_failed_compensations(run.run_id, by="ops")
+
+    # Then nothing is undone, and a person is told why
+    assert f"{run.run_id}:reaper" in str(refused.value)
+    escalation = env.saga.records.escalation(f"{run.run_id}:reaper")
+    assert escalation is not None and escalation.reason == REASON_STORE_BEHIND
+    time.sleep(1.0)  # a reversal sent by mistake would have landed by now
+    assert credits_and_reversals(run.run_id) == (1, 0)
