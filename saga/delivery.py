@@ -65,10 +65,12 @@ def patiently(core: Core, what: str, call: Callable[..., T], *args: Any) -> T:
     while True:
         try:
             return call(*args)
-        except StoreUnavailableError:
+        except StoreUnavailableError as unavailable:
             if waited >= core.settings.store_outage_patience:
                 raise
-            logger.warning("%s: stack unreachable, trying again", what)
+            # Why it waits: an unreachable server and an unconfirmed write (no replica holds
+            # it yet) call for different fixes.
+            logger.warning("%s: stack unavailable (%s), trying again", what, unavailable)
             time.sleep(delay)
             waited += delay
             delay = min(delay * 2, 2.0)

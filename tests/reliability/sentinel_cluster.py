@@ -88,7 +88,7 @@ class SentinelCluster:
             )
             self._sentinels.append(
                 subprocess.Popen(
-                    ["redis-server", str(config), "--sentinel"],
+                    ["redis-server", str(config), "--sentinel", "--logfile", str(self._log(index))],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                     start_new_session=True,
@@ -112,6 +112,18 @@ class SentinelCluster:
             raise
         return self
 
+    def _log(self, index: int) -> Path:
+        return self.directory / f"sentinel-{index}.log"
+
+    def sentinel_log(self, lines: int = 40) -> str:
+        """The last ``lines`` of every sentinel's log: what a failed wait shows."""
+        tails = []
+        for index in range(len(self.sentinel_ports)):
+            path = self._log(index)
+            text = path.read_text(errors="replace").splitlines() if path.exists() else []
+            tails.append(f"--- sentinel {index} ---\n" + "\n".join(text[-lines:]))
+        return "\n".join(tails)
+
     def _ready(self) -> bool:
         for port in self.sentinel_ports:
             client = self.sentinel(port)
@@ -123,22 +135,65 @@ class SentinelCluster:
                 client.close()
         return True
 
-    def failover(self, timeout: float = 30.0) -> int:
+    def failover(self, timeout: float = 60.0) -> int:
         """``SENTINEL FAILOVER``; returns once the sentinels name the new master, it is
-        master, and the old one is its replica (the new master's port)."""
+        master, and the old one is its replica (the new master's port).
+
+        The replica is first seen in sync (a previous failover's demoted master may still be
+        loading the new one's data, and promoting it then would lose writes). A sentinel aborts
+        a failover whose promotion it did not see within ``failover-timeout`` (a busy machine
+        can take that long) and does not retry one it was asked for, so the request is made
+        again until the deadline; a failed wait shows the sentinels' logs."""
         old = self.master_port()
-        client = self.sentinel(self.sentinel_ports[0])
+        new = next(port for port in self.ports if port != old)
+        deadline = time.monotonic() + timeout
+
+        def remaining() -> float:
+            return max(deadline - time.monotonic(), 0.1)
+
         try:
-            client.execute_command("SENTINEL FAILOVER", MASTER)
+            wait_until(lambda: self._in_sync(new), remaining(), "the replica to be in sync")
+            wait_until(self._ready, remaining(), "every sentinel to see the replica")
+            while self.master_port() != new:
+                client = self.sentinel(self.sentinel_ports[0])
+                try:
+                    client.execute_command("SENTINEL FAILOVER", MASTER)
+                except redis.ResponseError:
+                    pass  # INPROG: one is under way; NOGOODSLAVE: not yet eligible, ask again
+                finally:
+                    client.close()
+                try:
+                    wait_until(
+                        lambda: self.master_port() == new,
+                        min(15.0, remaining()),
+                        "the sentinels to name the new master",
+                    )
+                except AssertionError:
+                    if time.monotonic() >= deadline:
+                        raise
+            wait_until(lambda: role(new) == "master", remaining(), "the new master's promotion")
+            wait_until(lambda: role(old) == "slave", remaining(), "the old master's demotion")
+        except AssertionError as failed:
+            raise AssertionError(f"{failed}\n{self.sentinel_log()}") from None
+        return new
+
+    def _in_sync(self, port: int) -> bool:
+        """The replica on ``port`` is linked to its master, loaded, and caught up with it."""
+        client = redis.Redis(port=port, socket_timeout=2, decode_responses=True)
+        try:
+            info = client.info("replication")
+            if info["role"] != "slave" or info["master_link_status"] != "up":
+                return False
+            if client.info("persistence").get("loading", 0):
+                return False
+            master = redis.Redis(port=int(info["master_port"]), socket_timeout=2)
+            try:
+                offset = int(master.info("replication")["master_repl_offset"])
+            finally:
+                master.close()
+            return int(info["slave_repl_offset"]) >= offset
         finally:
             client.close()
-        new = next(port for port in self.ports if port != old)
-        wait_until(
-            lambda: self.master_port() == new, timeout, "the sentinels to name the new master"
-        )
-        wait_until(lambda: role(new) == "master", timeout, "the new master's promotion")
-        wait_until(lambda: role(old) == "slave", timeout, "the old master's demotion")
-        return new
 
     def stop(self) -> None:
         for process in self._sentinels:
