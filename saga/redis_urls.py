@@ -272,12 +272,12 @@ def redis_client(url: str, *, blocking: bool = False, **options: Any) -> redis.R
         if blocking:
             return redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
         return redis.Redis.from_url(url, **options)
-    manager = sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    manager = sentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
         list(found.sentinels), sentinel_kwargs=_sentinel_kwargs(options, found.tls)
     )
     pool = _BlockingSentinelPool if blocking else _SentinelPool
     connection = SentinelSSLConnection if found.tls else SentinelConnection
-    master: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
+    master: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
         found.master,
         connection_pool_class=pool,
         connection_class=connection,
@@ -295,7 +295,7 @@ def async_client(url: str, *, blocking: bool = False, **options: Any) -> aioredi
                 aioredis.BlockingConnectionPool.from_url(url, **options)
             )
         return aioredis.Redis.from_url(url, **options)
-    manager = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
+    manager = aiosentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
         list(found.sentinels), sentinel_kwargs=_sentinel_kwargs(options, found.tls)
     )
     pool = _AsyncBlockingSentinelPool if blocking else _AsyncSentinelPool
