@@ -266,6 +266,8 @@ class Core(Dispatcher):
             recorded=False,
             resolution=None,  # a resolution holds only at the version it was made at
         )
+        if self.faults is not None:
+            self.faults.strike("after_conclusion", "")
         self._record_or_leave_to_reaper(run_id, concluded)
         return state
 

@@ -20,19 +20,23 @@ from saga.constants import FAULT_COUNTS_KEY, FAULTS_KEY
 from saga.errors import FaultInjectionDisabledError, InjectedFaultError
 from saga.redis_errors import unavailable
 
-#: Where a fault can strike in a worker: around a tool's effect or a compensation, and in a
-#: hosted turn (``tool`` is then the agent's name after the answer is recorded, and the
-#: called tool's name after each call is dispatched), and once an escalation's row is written
-#: (``tool`` is then ""), before its notices are.
+#: Where a fault can strike in a worker: around a tool's effect or a compensation; once a
+#: step's success and its undo are recorded, its message not yet acknowledged
+#: (``after_push``); in a hosted turn (``tool`` is then the agent's name after the answer is
+#: recorded, and the called tool's name after each call is dispatched); once an unwind's
+#: conclusion is written in Redis, before its SQL record is (``after_conclusion``); and once an
+#: escalation's row is written (``tool`` is "" for these two), before its notices are.
 FAULT_POINTS = (
     "before_effect",
     "after_effect",
+    "after_push",
     "before_compensation",
     "after_compensation",
     "during_model_call",
     "after_model_answer",
     "between_dispatches",
     "after_loop_ended",
+    "after_conclusion",
     "after_escalation_recorded",
 )
 FAULTS_ENV = "SAGA_TESTING_FAULTS"

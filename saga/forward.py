@@ -123,6 +123,7 @@ def run_step(
         _settle_final_failure(core, tool, run_id, step, args, error, event, orphaned)
         raise
     _settle_success_patiently(core, tool, run_id, step, args, result, feed_back)
+    strike(core, "after_push", tool)
     return result
 
 

@@ -88,6 +88,7 @@ class Faults(FaultPoints):
 TOOL_POINTS = (
     "before_effect",
     "after_effect",
+    "after_push",
     "before_compensation",
     "after_compensation",
     "between_dispatches",

@@ -23,7 +23,7 @@ from celery import Celery
 from saga import Saga, Settings
 from saga.aio import AsyncClient
 from saga.client import Client
-from saga.constants import run_keys
+from saga.constants import TURN_QUEUE, run_keys
 from saga.guard import configuration_problems
 from saga.model import RunState
 from saga.redis_urls import kombu_url, redis_client
@@ -36,6 +36,9 @@ from tests.conftest import ROOT, service_missing
 from tests.integration.helpers import CREDIT, ORDER, demo_steps, wait_until
 from tests.reliability.conftest import TIME_LIMIT, VISIBILITY_TIMEOUT
 from tests.reliability.sentinel_cluster import MASTER, SentinelCluster, role
+from tests.reliability.test_hosted_crashes import check_once_each, completed
+
+HOSTED_APP = "tests.integration.hosted_app"
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +166,39 @@ def test_a_demo_run_completes_and_the_next_one_after_a_failover_too(
         on_old.close()
 
 
+def _faults(saga: Saga, monkeypatch: pytest.MonkeyPatch) -> Faults:
+    monkeypatch.setenv("SAGA_TESTING_FAULTS", "1")
+    return Faults(saga.store.client)
+
+
+def _confirming(env: dict[str, str]) -> dict[str, str]:
+    """A worker's environment that confirms its writes with the replica, and has faults on.
+
+    A time limit the wait for a replica after the failover fits in (the new master has none
+    until the old one rejoins it): the tests' 5 s would cut the step short. The visibility
+    timeout just above it: a delivery whose ack the failover lost comes back then."""
+    return {
+        **env,
+        "SAGA_TESTING_FAULTS": "1",
+        "SAGA_REDIS_CONFIRM_REPLICAS": "1",
+        "SAGA_TASK_TIME_LIMIT": "15",
+        "SAGA_VISIBILITY_TIMEOUT": "20",
+    }
+
+
+#: Where the failover strikes: while the credit runs; once its success and undo are recorded,
+#: before its message is acknowledged; while its reversal runs; once the unwind's conclusion
+#: is written in Redis, before its SQL record is.
+FAILOVER_POINTS = {
+    "mid-step": ("issue_credit", "before_effect"),
+    "between-the-push-and-the-ack": ("issue_credit", "after_push"),
+    "during-the-unwind": ("reverse_credit", "before_compensation"),
+    "during-the-conclusion": ("", "after_conclusion"),
+}
+
+
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("point", ["mid-step", "during-the-unwind"])
+@pytest.mark.parametrize("point", list(FAILOVER_POINTS))
 def test_a_failover_with_replica_confirmation_loses_nothing_and_applies_nothing_twice(
     cluster: SentinelCluster,
     world: tuple[Saga, dict[str, str]],
@@ -172,35 +206,23 @@ def test_a_failover_with_replica_confirmation_loses_nothing_and_applies_nothing_
     monkeypatch: pytest.MonkeyPatch,
     point: str,
 ) -> None:
-    """``SENTINEL FAILOVER`` while the credit runs, or while its reversal runs, under a worker
-    that confirms its writes with the replica: the run ends as it would have without the
-    failover, each effect and undo applied once, and Redis (the new master) and SQL agree."""
+    """``SENTINEL FAILOVER`` at each point of a run (``FAILOVER_POINTS``), under a worker that
+    confirms its writes with the replica: the run ends as it would have without the failover,
+    each effect and undo applied once, and Redis (the new master) and SQL agree."""
     saga, env = world
-    monkeypatch.setenv("SAGA_TESTING_FAULTS", "1")
-    faults = Faults(saga.store.client)
-    # A time limit the wait for a replica after the failover fits in (the new master has
-    # none until the old one rejoins it): the tests' 5 s would cut the step short. The
-    # visibility timeout just above it: a delivery whose ack the failover lost comes back then.
-    worker_env = {
-        **env,
-        "SAGA_TESTING_FAULTS": "1",
-        "SAGA_REDIS_CONFIRM_REPLICAS": "1",
-        "SAGA_TASK_TIME_LIMIT": "15",
-        "SAGA_VISIBILITY_TIMEOUT": "20",
-    }
+    faults = _faults(saga, monkeypatch)
     worker = WorkerProcess(
-        "tasks.app", env=worker_env, concurrency=1, cwd=ROOT, logfile=tmp_path / "worker.log"
+        "tasks.app", env=_confirming(env), concurrency=1, cwd=ROOT, logfile=tmp_path / "worker.log"
     )
+    tool, at = FAILOVER_POINTS[point]
+    forward = at in ("before_effect", "after_push")
     with worker:
         run = saga.start_run()
         run.call("get_order", order_id=ORDER).result(timeout=30)
-        if point == "mid-step":
-            faults.delay("issue_credit", 3.0)
-        else:
-            faults.delay("reverse_credit", 3.0, point="before_compensation")
+        delayed = faults.delay(tool, 3.0, point=at)
         credit = run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="late")
-        if point == "mid-step":
-            wait_until(lambda: step_state(saga, run.run_id, credit.step) == "running", 30, "credit")
+        if forward:
+            wait_until(lambda: faults.hits(delayed) > 0, 30, f"the credit to reach {at}")
             cluster.failover()
             assert credit.result(timeout=90)["amount_cents"] == CREDIT
             ended = run.finish(timeout=90)
@@ -208,14 +230,11 @@ def test_a_failover_with_replica_confirmation_loses_nothing_and_applies_nothing_
         else:
             credit.result(timeout=30)
             run.abort("the customer cancelled")
-            wait_until(
-                lambda: any(c.state.value == "running" for c in run.picture().compensations),
-                30,
-                "the reversal to start",
-            )
+            wait_until(lambda: faults.hits(delayed) > 0, 30, f"the unwind to reach {at}")
             cluster.failover()
             ended = run.wait(timeout=90)
             expected, reversals = RunState.COMPENSATED, 1
+    assert faults.hits(delayed) >= 1
     assert ended.state is expected, (ended.state, ended.reason)
     ledger = [r for r in systems.ledger() if r["idempotency_key"].startswith(f"{run.run_id}:")]
     assert sum(r["kind"] == "credit" for r in ledger) == 1
@@ -226,8 +245,45 @@ def test_a_failover_with_replica_confirmation_loses_nothing_and_applies_nothing_
     assert _served_by(saga.store.client) == cluster.master_port()
 
 
-def step_state(saga: Saga, run_id: str, step: int) -> str:
-    return saga.picture(run_id).step(step).state.value
+@pytest.mark.timeout(240)
+def test_a_failover_during_a_hosted_turn_dispatches_each_call_once_and_asks_the_model_once(
+    cluster: SentinelCluster,
+    world: tuple[Saga, dict[str, str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``SENTINEL FAILOVER`` while a hosted turn dispatches its three calls (paused after the
+    first): the turn plays on against the new master, each call dispatched and applied once,
+    the model asked once a turn, and the run completes in Redis and in SQL."""
+    saga, env = world
+    faults = _faults(saga, monkeypatch)
+    confirming = _confirming(env)
+    tools_worker = WorkerProcess(
+        HOSTED_APP, env=confirming, concurrency=2, cwd=ROOT, logfile=tmp_path / "tools.log"
+    )
+    turns_worker = WorkerProcess(
+        HOSTED_APP,
+        env=confirming,
+        concurrency=4,
+        pool="threads",
+        extra_args=["-Q", TURN_QUEUE],
+        cwd=ROOT,
+        logfile=tmp_path / "turns.log",
+    )
+    client = Client(redis_url=cluster.url())
+    paused = faults.delay("get_order", 3.0, point="between_dispatches")
+    try:
+        with tools_worker, turns_worker:
+            run_id = client.enqueue_run("parallel", "Refund order 4921.")
+            wait_until(lambda: faults.hits(paused) > 0, 30, "the turn's first dispatch")
+            cluster.failover()
+            completed(client, run_id, 120)
+        check_once_each(client, run_id)
+        record = saga.records.run(run_id)
+        assert record is not None and record.state == "completed"
+        assert _served_by(client.store.client) == cluster.master_port()
+    finally:
+        client.store.client.close()
 
 
 class _CutShort(BaseException):
