@@ -17,7 +17,7 @@ APP_MODULE = $(firstword $(subst :, ,$(SAGA_APP)))
 # The image's dependencies (Dockerfile), pinned with hashes: `make lock` after changing them.
 LOCK_EXTRAS := postgres metrics flower openai anthropic api
 
-.PHONY: install demo test lint bench bench-agents bench-peers bench-scale chaos modelcheck worker turns beat flower lock clean
+.PHONY: install demo test test-matrix lint bench bench-agents bench-peers bench-scale chaos modelcheck worker turns beat flower lock clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,18 @@ install: $(INSTALLED)
 demo: $(INSTALLED)
 	scripts/with-redis $(BIN)/python -m tasks.demo
 
+# Two pytest-xdist workers, a test file each at a time (its module fixtures stay whole): most
+# tests wait on workers and servers they start, so two sessions share the two cores well.
+# Each session has its own Redis databases, worker and demo data (tests/conftest.py).
 test: $(INSTALLED)
-	scripts/with-redis $(BIN)/python -m pytest
+	scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile
+
+# The integration tier again on each other broker and store (tests/conftest.py): RabbitMQ in a
+# vhost the session makes and deletes; a Sentinel master, replica and three sentinels it starts.
+test-matrix: $(INSTALLED)
+	SAGA_TEST_BROKER=amqp scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile tests/integration
+	SAGA_TEST_STORE=sentinel scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile tests/integration
+	SAGA_TEST_BROKER=amqp SAGA_TEST_STORE=sentinel scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile tests/integration
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -39,6 +39,7 @@ __all__ = [
     "TOOL_QUEUE",
     "amqp_settings",
     "broker_countdown",
+    "consume_turns_only_when_named",
     "consumer_timeout",
     "is_amqp_url",
     "queue_type",
@@ -104,6 +105,20 @@ def amqp_settings(broker_url: str, kind: str | None = None) -> dict[str, Any]:
         "task_create_missing_queue_exchange_type": "topic",
         "broker_transport_options": {"confirm_publish": True},
     }
+
+
+def consume_turns_only_when_named(queues: Any) -> bool:
+    """A worker started without ``-Q`` consumes every queue of ``task_queues``: on RabbitMQ
+    that is the turn queue too, so a tool worker would take turns with prefork slots (or fail
+    them, when its app hosts no agents). As on Redis, where only the default queue is known, it
+    consumes the tool queue alone; ``-Q celery,saga.turns`` still takes both. ``queues``: the
+    worker's ``app.amqp.queues`` once ``-Q`` and ``-X`` are applied (``celeryd_after_setup``).
+    True if it left the turn queue out."""
+    # (Celery keeps no public record of whether -Q was given: no selection is ``None``.)
+    if getattr(queues, "_consume_from", ...) is not None or TURN_QUEUE not in queues:
+        return False
+    queues.deselect(TURN_QUEUE)
+    return True
 
 
 def broker_countdown(conf: Any, countdown: float) -> float:

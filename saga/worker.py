@@ -28,12 +28,13 @@ from sqlalchemy import func, select
 from saga import extras, metrics
 from saga.agents.agent import AgentRegistry
 from saga.agents.hosted import install_turn_tasks, publish_hosted_agents
-from saga.celery_amqp import broker_countdown
+from saga.celery_amqp import broker_countdown, consume_turns_only_when_named
 from saga.compensation import compensate
 from saga.constants import (
     CONCLUDE_UNWIND_TASK,
     NOTIFY_TASK,
     REAP_TASK,
+    TURN_QUEUE,
     tool_task_name,
 )
 from saga.core import Core
@@ -131,6 +132,16 @@ def install(
             # Celery's signal dispatch swallows exceptions, not SystemExit.
             raise SystemExit(78)
 
+    def consume_as_on_redis(sender: Any = None, instance: Any = None, **_: Any) -> None:
+        if instance is not None and consume_turns_only_when_named(instance.app.amqp.queues):
+            logger.info(
+                "not consuming %s (no -Q given): start a turn worker with -Q %s, or name both "
+                "queues (-Q celery,%s)",
+                TURN_QUEUE,
+                TURN_QUEUE,
+                TURN_QUEUE,
+            )
+
     def step_revoked(sender: Any = None, request: Any = None, **info: Any) -> None:
         killed = bool(info.get("terminated")) and info.get("signum") == signal.SIGKILL
         on_revoked(core, request, bool(info.get("terminated")), killed=killed)
@@ -138,6 +149,9 @@ def install(
     # After logging is set up (so the refusal reaches --logfile), before the pool starts.
     celeryd_after_setup.connect(
         refuse_unsafe_configuration, weak=False, dispatch_uid=f"saga-guard-{id(app)}"
+    )
+    celeryd_after_setup.connect(
+        consume_as_on_redis, weak=False, dispatch_uid=f"saga-turn-queue-{id(app)}"
     )
     task_revoked.connect(step_revoked, weak=False, dispatch_uid=f"saga-revoked-{id(app)}")
 

@@ -3,6 +3,12 @@
 Services: a Redis (``SAGA_REDIS_URL``, default localhost:6379) and, for the record tests,
 PostgreSQL (``SAGA_TEST_POSTGRES_URL``). Where one does not answer, its tests skip with a clear
 message on a laptop and fail in CI (``CI=true``), so a broken CI machine is never green.
+
+The matrix (``make test-matrix``) runs the same tests on another broker or store:
+``SAGA_TEST_BROKER=amqp`` puts the session's worker on a vhost of the session's own on the
+machine's RabbitMQ (``SAGA_TEST_AMQP``), deleted afterwards; ``SAGA_TEST_STORE=sentinel``
+puts the stack, the broker and the results on a master, a replica and three sentinels the
+session starts on free ports and stops by PID.
 """
 
 from __future__ import annotations
@@ -10,6 +16,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,13 +29,35 @@ import pytest
 import redis
 
 DEFAULT_REDIS = "redis://localhost:6379"
-#: The test session owns this Redis database index: flushed before and after.
-TEST_DB = int(os.environ.get("SAGA_TEST_REDIS_DB", "13"))
+#: Each session takes a block of Redis database indexes, TEST_DB - 3 to TEST_DB + 2: its own
+#: (flushed before and after), and those of the tests that need a database to themselves (the
+#: engine harness's, the expiry's, the listing's, the RabbitMQ tests', the matrix legs').
+#: ``make test`` runs two pytest-xdist workers; each takes the block below the one before.
+DB_BLOCK = 6
+_XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+TEST_DB = int(os.environ.get("SAGA_TEST_REDIS_DB", "13")) - DB_BLOCK * _XDIST_WORKER
+if TEST_DB < 3:
+    raise RuntimeError(
+        f"pytest-xdist worker {_XDIST_WORKER} has no Redis databases left (its block would "
+        f"start at {TEST_DB - 3}): run at most two workers (-n 2), or lower SAGA_TEST_REDIS_DB"
+    )
 ROOT = Path(__file__).resolve().parents[1]
 #: The record tests' PostgreSQL (each test works in a schema of its own: ``postgres_schema``).
 POSTGRES_URL = os.environ.get(
     "SAGA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
+
+
+#: The matrix's axes: the broker (``redis`` or ``amqp``) and the store (``redis`` or
+#: ``sentinel``) of the session's worker.
+TEST_BROKER = os.environ.get("SAGA_TEST_BROKER", "redis")
+TEST_STORE = os.environ.get("SAGA_TEST_STORE", "redis")
+AMQP = os.environ.get("SAGA_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672")
+if TEST_BROKER not in ("redis", "amqp") or TEST_STORE not in ("redis", "sentinel"):
+    raise RuntimeError(
+        f"SAGA_TEST_BROKER={TEST_BROKER!r} SAGA_TEST_STORE={TEST_STORE!r}: the broker is "
+        "redis or amqp, the store redis or sentinel"
+    )
 
 
 def service_missing(message: str) -> None:
@@ -62,16 +94,57 @@ def redis_url_with_db(url: str, db: int) -> str:
     return re.sub(r"(/\d+)?/?$", "", url, count=1) + f"/{db}"
 
 
+def rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+@contextlib.contextmanager
+def rabbitmq_vhost(prefix: str = "saga-test") -> Iterator[tuple[str, str]]:
+    """A vhost of the caller's own on the machine's RabbitMQ, guest allowed everything, deleted
+    afterwards: (its name, its AMQP URL). Skips (fails in CI) without a RabbitMQ."""
+    if shutil.which("rabbitmqctl") is None:
+        service_missing("rabbitmqctl is not installed (a RabbitMQ server on this machine)")
+    vhost = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    try:
+        rabbitmqctl("add_vhost", vhost)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        service_missing(f"cannot add a RabbitMQ vhost ({exc})")
+    try:
+        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        yield vhost, f"{AMQP}/{vhost}"
+    finally:
+        rabbitmqctl("delete_vhost", vhost)
+
+
 @pytest.fixture(scope="session")
-def redis_url() -> str:
+def store_base() -> Iterator[str]:
+    """The URL of the store the session's tests use, without a database index: the Redis at
+    ``SAGA_REDIS_URL``, or (``SAGA_TEST_STORE=sentinel``) a Sentinel deployment of its own."""
+    if TEST_STORE == "redis":
+        yield os.environ.get("SAGA_REDIS_URL", DEFAULT_REDIS)
+        return
+    if shutil.which("redis-server") is None:
+        service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
+    from tests.reliability.sentinel_cluster import SentinelCluster
+
+    with (
+        tempfile.TemporaryDirectory(prefix="saga-sentinel-") as directory,
+        SentinelCluster(Path(directory)) as cluster,
+    ):
+        yield cluster.url().rsplit("/", 1)[0]
+
+
+@pytest.fixture(scope="session")
+def redis_url(store_base: str) -> str:
     """A Redis database index of this test session's own, flushed before and after."""
-    base = os.environ.get("SAGA_REDIS_URL", DEFAULT_REDIS)
-    url = redis_url_with_db(base, TEST_DB)
-    client = redis.Redis.from_url(url, socket_timeout=2)
+    from saga.redis_urls import redis_client
+
+    url = redis_url_with_db(store_base, TEST_DB)
+    client = redis_client(url, socket_timeout=2)
     try:
         client.ping()
     except redis.RedisError as exc:
-        service_missing(f"no Redis at {base} ({exc}); `make test` starts one for you")
+        service_missing(f"no Redis at {store_base} ({exc}); `make test` starts one for you")
     client.flushdb()
     client.close()
     return url
@@ -79,24 +152,49 @@ def redis_url() -> str:
 
 @pytest.fixture
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    from saga.redis_urls import redis_client as client_of
+
+    client = client_of(redis_url, decode_responses=True)
     yield client
     client.close()
 
 
 @pytest.fixture(scope="session")
-def saga_env(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """The environment of the demo app, in this process and in the workers it starts."""
+def broker_url(redis_url: str) -> Iterator[str | None]:
+    """The session's broker: a vhost of its own with ``SAGA_TEST_BROKER=amqp``; otherwise
+    ``None`` on a Sentinel store (the broker follows ``SAGA_REDIS_URL`` through the sentinels)
+    and the test Redis on a plain one."""
+    if TEST_BROKER == "amqp":
+        with rabbitmq_vhost("saga-session") as (_, url):
+            yield url
+        return
+    yield None if TEST_STORE == "sentinel" else redis_url
+
+
+@pytest.fixture(scope="session")
+def saga_env(
+    redis_url: str, broker_url: str | None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """The environment of the demo app, in this process and in the workers it starts. Where
+    the broker or the results are not named, they follow ``SAGA_REDIS_URL``, as in a
+    deployment that names only its store."""
+    from saga.redis_urls import redis_client
+
     data = tmp_path_factory.mktemp("demo-data")
     env = {
         "SAGA_REDIS_URL": redis_url,
-        "SAGA_BROKER_URL": redis_url,
-        "SAGA_RESULT_BACKEND": redis_url,
         "SAGA_DEMO_DATA": str(data),
         "SAGA_DATABASE_URL": f"sqlite:///{data}/saga.db",
         "PYTHONPATH": str(ROOT),
     }
-    saved = {k: os.environ.get(k) for k in env}
+    if broker_url is not None:
+        env["SAGA_BROKER_URL"] = broker_url
+    if TEST_STORE == "redis" and TEST_BROKER == "redis":
+        env["SAGA_RESULT_BACKEND"] = redis_url
+    followers = ("SAGA_BROKER_URL", "SAGA_RESULT_BACKEND")
+    saved = {k: os.environ.get(k) for k in (*env, *followers)}
+    for key in followers:
+        os.environ.pop(key, None)
     os.environ.update(env)
     yield env
     for key, value in saved.items():
@@ -104,12 +202,49 @@ def saga_env(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    redis.Redis.from_url(redis_url).flushdb()
+    client = redis_client(redis_url)
+    client.flushdb()
+    client.close()
+
+
+#: Modules that read the environment once, when first imported (the Celery configuration and
+#: the apps built on it): one imported under a private deployment's variables must not keep
+#: them for the rest of the session.
+READ_ENV_ONCE = (
+    "celeryconfig",
+    "saga.celery_defaults",
+    "tasks.app",
+    "tests.integration.hosted_app",
+    "tests.integration.late_tools_app",
+    "tests.integration.telemetry_setup",
+)
+
+
+def forget_modules_read_env_once(keep: set[str] | frozenset[str] = frozenset()) -> None:
+    """Drop ``READ_ENV_ONCE`` (but ``keep``) from ``sys.modules``: the next import reads the
+    environment as it is then."""
+    for name in READ_ENV_ONCE:
+        if name not in keep:
+            sys.modules.pop(name, None)
+
+
+@pytest.fixture(autouse=True)
+def _forget_modules_imported_by_the_test() -> Iterator[None]:
+    """What a test (its body or its function fixtures) first imported of ``READ_ENV_ONCE`` read
+    the test's environment, perhaps a deployment of its own: the next importer reads its own.
+    (Serially, the session's fixtures happened to import them first; under xdist any file may
+    run first in a process.)"""
+    imported_before = {name for name in READ_ENV_ONCE if name in sys.modules}
+    yield
+    forget_modules_read_env_once(keep=imported_before)
 
 
 @pytest.fixture(scope="session")
 def demo_app(saga_env: dict[str, str]) -> Any:
-    """``tasks.app``, imported only once the environment points at the test's Redis."""
+    """``tasks.app`` as the session's environment configures it: imported afresh now, since
+    a test that ran before in this process (under xdist, any file may) could have imported it,
+    or its Celery configuration, under the variables of a deployment of its own."""
+    forget_modules_read_env_once()
     from tasks import app
 
     return app

@@ -39,6 +39,7 @@ from saga.agents.turn_state import (
     transcript_until,
     turn_results,
 )
+from saga.celery_amqp import broker_countdown
 from saga.constants import AGENT_TURN_TASK, START_UNWIND_TASK
 from saga.core import Core
 from saga.errors import (
@@ -353,7 +354,9 @@ def install_turn_tasks(app: Any, core: Core, agents: AgentRegistry) -> None:
         if again is not None:
             attempt = attempt + 1 if again.model_attempt else attempt
             kwargs = {"run_id": run_id, "turn": turn, "attempt": attempt}
-            raise self.retry(countdown=again.delay, kwargs=kwargs)
+            # (on quorum queues a countdown under a second would be dropped, not waited)
+            countdown = broker_countdown(self.app.conf, again.delay)
+            raise self.retry(countdown=countdown, kwargs=kwargs)
 
     @app.task(name=START_UNWIND_TASK, **options)
     def start_unwind(self: Any, run_id: str, owner: str) -> None:

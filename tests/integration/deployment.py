@@ -18,13 +18,12 @@ from celery import Celery
 from saga import Saga, Settings
 from saga.notifications import NotifySettings
 from saga.testing import RedisServer, WorkerProcess
-from tests.conftest import ROOT, service_missing
+from tests.conftest import READ_ENV_ONCE, ROOT, forget_modules_read_env_once, service_missing
 
 #: Short, so a killed worker's message comes back within a test: above the time limit plus
 #: the longest retry delay of any demo tool or notice (0.8 s) plus the guard's 1 s margin.
 VISIBILITY_TIMEOUT = 8
 TIME_LIMIT = 5
-_READ_ENV_ONCE = ("celeryconfig", "saga.celery_defaults")
 
 
 class Deployment:
@@ -114,7 +113,7 @@ def deployment(
     made = Deployment(data, extra_env, worker_args or [])
     # These modules read the environment once, when first imported: one imported under this
     # deployment's variables must not keep them for the rest of the session.
-    fresh = [name for name in _READ_ENV_ONCE if name not in sys.modules]
+    imported_before = {name for name in READ_ENV_ONCE if name in sys.modules}
     with pytest.MonkeyPatch.context() as patch:
         for key, value in made.env.items():
             patch.setenv(key, value)
@@ -125,5 +124,4 @@ def deployment(
         finally:
             made.stop()
             systems.dispose_engines()
-            for name in fresh:
-                sys.modules.pop(name, None)
+            forget_modules_read_env_once(keep=imported_before)

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 from celery import Celery
 from celery.exceptions import Ignore
 
@@ -24,6 +23,7 @@ from saga import RetryPolicy, Saga, Settings, StepContext, ToolClass, ToolRegist
 from saga.compensation import compensate
 from saga.constants import ACTIVE_RUNS_KEY, CONCLUDE_UNWIND_TASK, run_keys
 from saga.forward import run_step
+from saga.redis_urls import redis_client
 from tests.conftest import TEST_DB, redis_url_with_db
 
 # Below the session's database (TEST_DB); test_operations and test_listing take the two above.
@@ -209,11 +209,11 @@ def harness(redis_url: str, data: Path, **settings: Any) -> Iterator[Harness]:
     this harness's fake broker, which knows only the tools it registered.
     """
     url = redis_url_with_db(redis_url, HARNESS_DB)
-    redis.Redis.from_url(url).flushdb()
+    redis_client(url).flushdb()
     made = Harness(url, data, **settings)
     yield made
     made.close()
-    redis.Redis.from_url(url).flushdb()
+    redis_client(url).flushdb()
 
 
 def _registry(world: World) -> ToolRegistry:

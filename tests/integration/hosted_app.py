@@ -12,11 +12,10 @@ import re
 import time
 from typing import Any
 
-import redis
-
 from saga import RetryPolicy
 from saga.agents import ChatModelPolicy, Limits, ModelTurn, OnFailure, ScriptedPolicy, ToolCall
 from saga.errors import ModelCallError
+from saga.redis_urls import redis_client
 from tasks.agents import CREDIT, GET_ORDER, REFUND_SCRIPT, REPLY, TICKET_STATUS
 from tasks.app import app, saga
 from tests.unit.agents.helpers import body, exchange, http_module, sdk
@@ -221,7 +220,7 @@ class FakeProvider:
     by a success across worker processes and redeliveries."""
 
     def __init__(self, sdk_name: str) -> None:
-        self.redis = redis.Redis.from_url(os.environ["SAGA_REDIS_URL"], decode_responses=True)
+        self.redis = redis_client(os.environ["SAGA_REDIS_URL"], decode_responses=True)
         self.http = http_module(sdk(sdk_name))
 
     def __call__(self, request: Any) -> Any:
@@ -326,7 +325,7 @@ def _flaky_model(transcript: Any, tools: Any) -> ModelTurn:
     """Answers with a 429 the first time it is asked for a run, then finishes."""
     run = re.search(r"[0-9a-f]{32}", transcript.entries[0].text)
     assert run is not None, "the input names the run"
-    client = redis.Redis.from_url(os.environ["SAGA_REDIS_URL"], decode_responses=True)
+    client = redis_client(os.environ["SAGA_REDIS_URL"], decode_responses=True)
     with client:
         asked = client.incr(f"flaky-model:{run.group(0)}")
         client.expire(f"flaky-model:{run.group(0)}", 300)

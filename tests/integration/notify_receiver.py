@@ -16,6 +16,7 @@ import redis
 
 from saga.errors import SignatureError
 from saga.notifications import NOTICE_ID_HEADER, SIGNATURE_HEADER, verify
+from saga.redis_urls import redis_client
 
 SECRET = "test-secret-0123456789abcdef"
 CALLABLE = "tests.integration.notify_receiver:record"
@@ -24,7 +25,7 @@ CALLED_KEY = "test:notify:called"
 
 def record(body: dict[str, Any]) -> None:
     """The callable sink: keep the body where the test can read it."""
-    client = redis.Redis.from_url(os.environ["SAGA_REDIS_URL"])
+    client = redis_client(os.environ["SAGA_REDIS_URL"])
     try:
         client.rpush(CALLED_KEY, json.dumps(body))
     finally:

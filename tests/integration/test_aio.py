@@ -111,7 +111,8 @@ async def ticking(call: Awaitable[T]) -> tuple[T | BaseException, int]:
 
 @pytest.fixture
 def hosted(turn_worker: WorkerProcess, saga: Any, redis_url: str) -> Iterator[str]:
-    """The hosted agents' workers are up; the Redis URL they use (broker and store)."""
+    """The hosted agents' workers are up; the Redis URL they use (their broker is the
+    session's SAGA_BROKER_URL, or follows this URL)."""
     yield redis_url
 
 
@@ -182,7 +183,7 @@ def test_concurrent_requests_start_and_wait_for_runs_while_the_loop_keeps_runnin
     end: all complete, and the heartbeat beside them ticked while they waited."""
 
     async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-        async with AsyncClient(hosted, hosted) as client, http(web_app(client)) as web:
+        async with AsyncClient(redis_url=hosted) as client, http(web_app(client)) as web:
             starts = await asyncio.gather(
                 *(web.post("/runs", json={"agent": "patient", "input": "Hi."}) for _ in range(6))
             )
@@ -207,7 +208,7 @@ def test_a_run_is_approved_or_denied_through_the_async_client(hosted: str) -> No
     one lets the reply go out once; a denial is fed back to the model."""
 
     async def main() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-        async with AsyncClient(hosted, hosted) as client, http(web_app(client)) as web:
+        async with AsyncClient(redis_url=hosted) as client, http(web_app(client)) as web:
             approved = await web.post("/runs", json={"agent": "approver", "input": "Tell Ada."})
             denied = await web.post("/runs", json={"agent": "approver", "input": "Tell Ada."})
             first, second = approved.json()["run_id"], denied.json()["run_id"]
@@ -259,7 +260,7 @@ def test_an_aborted_run_unwinds_and_a_second_abort_says_it_ended(hosted: str) ->
         return ended, late, unknown
 
     async def with_client() -> tuple[dict[str, Any], Any, Any]:
-        async with AsyncClient(hosted, hosted) as client:
+        async with AsyncClient(redis_url=hosted) as client:
             return await main(client)
 
     ended, late, unknown = run(with_client)
@@ -275,7 +276,7 @@ def test_the_async_listing_and_status_are_the_sync_clients(hosted: str) -> None:
     sync = Client(broker_url=hosted, redis_url=hosted)
 
     async def main() -> tuple[list[Any], Any, str]:
-        async with AsyncClient(hosted, hosted) as client:
+        async with AsyncClient(redis_url=hosted) as client:
             run_ids = [await client.enqueue_run("patient", "Hi.") for _ in range(3)]
             for run_id in run_ids:
                 await client.wait_run(run_id, timeout=30)
@@ -295,7 +296,7 @@ def test_the_async_listing_and_status_are_the_sync_clients(hosted: str) -> None:
 
 def test_an_agent_no_worker_hosts_is_refused(hosted: str) -> None:
     async def main() -> Any:
-        async with AsyncClient(hosted, hosted) as client:
+        async with AsyncClient(redis_url=hosted) as client:
             refused, _ = await ticking(client.enqueue_run("nobody", "Hi."))
             return refused
 
@@ -308,7 +309,7 @@ def test_scripts_redis_forgot_are_loaded_again(hosted: str, redis_client: Any) -
     pipelined create and the EVALSHA of abort load their script on NOSCRIPT."""
 
     async def main() -> tuple[str, Any]:
-        async with AsyncClient(hosted, hosted) as client:
+        async with AsyncClient(redis_url=hosted) as client:
             run_id = await client.enqueue_run("approver", "Tell Ada.")
             for _ in range(400):
                 if (await client.get_run(run_id)).awaiting_approval:
@@ -398,7 +399,7 @@ def test_a_silent_broker_is_message_not_sent_with_the_run_id_and_the_retry_conve
         async with AsyncClient(broker, hosted, publish_timeout=1.0) as stuck:
             refused, ticks = await ticking(stuck.enqueue_run("patient", "Hi.", run_id=run_id))
             state = (await stuck.get_run(run_id)).state
-        async with AsyncClient(hosted, hosted) as working:
+        async with AsyncClient(redis_url=hosted) as working:
             again = await working.enqueue_run("patient", "Hi.", run_id=run_id)
             return refused, ticks, state, (again, await working.wait_run(again, timeout=30))
 
@@ -418,7 +419,7 @@ def test_a_broker_that_refuses_the_decision_and_the_unwind_is_message_not_sent(
     dead = f"redis://127.0.0.1:{closed_port()}/0"
 
     async def main() -> tuple[Any, Any]:
-        async with AsyncClient(hosted, hosted) as working:
+        async with AsyncClient(redis_url=hosted) as working:
             run_id = await working.enqueue_run("approver", "Tell Ada.")
             pending = None
             for _ in range(400):
@@ -434,7 +435,7 @@ def test_a_broker_that_refuses_the_decision_and_the_unwind_is_message_not_sent(
                 broken.approve(run_id, "1:0", args_hash=pending["args_hash"], by="ops@acme")
             )
             aborted, _ = await ticking(broken.abort_run(other))
-        async with AsyncClient(hosted, hosted) as working:
+        async with AsyncClient(redis_url=hosted) as working:
             await working.abort_run(run_id, "cleaning up")
         return (decided, run_id), (aborted, other)
 
@@ -468,7 +469,7 @@ def test_the_web_app_answers_other_requests_while_one_waits_on_a_silent_broker(
     broker = f"redis://127.0.0.1:{silent_server.port}/0"
 
     async def main() -> tuple[bool, list[int], Any]:
-        async with AsyncClient(hosted, hosted) as working:
+        async with AsyncClient(redis_url=hosted) as working:
             known = await working.enqueue_run("patient", "Hi.")
         async with (
             AsyncClient(broker, hosted, publish_timeout=60.0) as client,

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 
 from saga import RunState, Saga, Settings, StepFailedError
 from saga.escalations import SCHEMA_VERSION
+from saga.redis_urls import redis_client
 from saga.testing import RedisServer, WorkerProcess, free_port
 from tasks import systems
 from tests.conftest import ROOT, postgres_schema, service_missing
@@ -467,7 +467,7 @@ def test_doctor_finds_a_healthy_deployment(world: World, beat: Any) -> None:
 def test_doctor_without_beat_or_with_an_evicting_redis_exits_1(world: World) -> None:
     # Given no reaper pass was ever recorded on a fresh database of the same Redis
     url = world.env["SAGA_REDIS_URL"].rsplit("/", 1)[0] + "/5"
-    client = redis.Redis.from_url(url)
+    client = redis_client(url)
     client.flushdb()
     policy = client.config_get("maxmemory-policy")["maxmemory-policy"]
     try:
@@ -536,4 +536,4 @@ def test_doctor_sees_every_worker_of_a_host_even_under_one_name(world: World) ->
     assert checks["workers"]["detail"].startswith("2 online")
     assert checks["worker names"]["status"] == "warn"
     assert "give each its own -n" in checks["worker names"]["detail"]
-    redis.Redis.from_url(url).flushdb()
+    redis_client(url).flushdb()

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from saga.redis_urls import redis_client
 from saga.testing import RedisServer, WorkerProcess
 from saga.testing.fake_models import FakeModel
 from tests.conftest import ROOT, service_missing
@@ -146,7 +147,7 @@ def examples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Examples]:
             logfile=directory / "worker.log",
         )
         worker.env = env  # exactly these variables, none of this session's
-        store = redis.Redis.from_url(url, decode_responses=True)
+        store = redis_client(url, decode_responses=True)
         with worker:
             yield Examples(directory, env, model, store)
         store.close()

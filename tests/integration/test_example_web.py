@@ -28,7 +28,7 @@ FORM = {"order": "4921", "email": "ada@example.com", "message": "It came two wee
 
 @pytest.fixture
 def saga_client(turn_worker: WorkerProcess, saga: Any, redis_url: str) -> Iterator[Client]:
-    made = Client(broker_url=redis_url, redis_url=redis_url)
+    made = Client(redis_url=redis_url)  # the broker: the session's SAGA_BROKER_URL
     yield made
     made.store.client.close()
 

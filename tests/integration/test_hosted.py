@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def client(turn_worker: WorkerProcess, saga: Any, redis_url: str) -> Iterator[Client]:
-    made = Client(broker_url=redis_url, redis_url=redis_url)
+    made = Client(redis_url=redis_url)  # the broker: the session's SAGA_BROKER_URL
     yield made
     made.store.client.close()
 

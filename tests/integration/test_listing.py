@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import redis
 from sqlalchemy.orm import Session
 
 from saga import Settings
@@ -20,6 +19,7 @@ from saga.constants import CREATED_RUNS_KEY
 from saga.errors import InvalidCursorError
 from saga.listing import RunFilter, list_runs, page_of_runs
 from saga.records import RecordStore, RunRecord
+from saga.redis_urls import redis_client
 from saga.stack import RunStore
 from tests.conftest import TEST_DB, redis_url_with_db
 
@@ -30,9 +30,9 @@ LISTING_DB = int(os.environ.get("SAGA_TEST_LISTING_REDIS_DB", str(TEST_DB + 2)))
 @pytest.fixture
 def listing_url(redis_url: str) -> Iterator[str]:
     url = redis_url_with_db(redis_url, LISTING_DB)
-    redis.Redis.from_url(url).flushdb()
+    redis_client(url).flushdb()
     yield url
-    redis.Redis.from_url(url).flushdb()
+    redis_client(url).flushdb()
 
 
 @pytest.fixture

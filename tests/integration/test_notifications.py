@@ -17,6 +17,7 @@ import redis
 from saga import RunState, StepFailedError
 from saga.notifications import SCHEMA_VERSION, NoticeRecord, NoticeState, NotifySettings
 from saga.notifications.notifier import SWEEP_GRACE
+from saga.redis_urls import redis_client as client_of
 from saga.testing import Faults
 from tasks import systems
 from tests.integration.deployment import Deployment, deployment
@@ -61,7 +62,7 @@ def saga(private: Deployment) -> Iterator[Any]:
 
 @pytest.fixture
 def redis_client(private: Deployment) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(private.env["SAGA_REDIS_URL"])
+    client = client_of(private.env["SAGA_REDIS_URL"])
     yield client
     client.close()
 

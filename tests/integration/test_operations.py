@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 from sqlalchemy.exc import OperationalError
 
@@ -32,6 +31,7 @@ from saga import (
     UnknownRunError,
 )
 from saga.constants import run_keys
+from saga.redis_urls import redis_client
 from saga.testing import WorkerProcess
 from tasks import systems
 from tasks.tools import tools
@@ -274,7 +274,7 @@ def test_a_resolve_while_a_requeue_unwinds_waits_for_it(saga: Saga) -> None:
 def expiring(saga_env: dict[str, str], worker: Any) -> Iterator[Saga]:
     """A Saga whose runs' keys expire 2 s after they are recorded, with a worker of its own."""
     url = redis_url_with_db(saga_env["SAGA_REDIS_URL"], EXPIRY_DB)
-    client = redis.Redis.from_url(url)
+    client = redis_client(url)
     client.flushdb()
     overrides = {"SAGA_BROKER_URL": url, "SAGA_RESULT_BACKEND": url, "SAGA_REDIS_URL": url}
     env = {**saga_env, **overrides, "SAGA_RETENTION_SECONDS": str(RETENTION)}

@@ -11,10 +11,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,24 +25,30 @@ from kombu import Connection
 
 from saga import RunState, Saga, Settings
 from saga.celery_amqp import amqp_settings
+from saga.constants import TURN_QUEUE
 from saga.guard import configuration_problems
 from saga.retry import RetryPolicy
 from saga.testing import Faults, WorkerProcess
 from tasks import systems
-from tests.conftest import DEFAULT_REDIS, ROOT, redis_url_with_db, service_missing
+from tests.conftest import (
+    DEFAULT_REDIS,
+    READ_ENV_ONCE,
+    ROOT,
+    TEST_DB,
+    forget_modules_read_env_once,
+    rabbitmq_vhost,
+    redis_url_with_db,
+    service_missing,
+)
 from tests.integration.helpers import CREDIT, ORDER, demo_steps, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
-AMQP = os.environ.get("SAGA_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672")
-#: A database index of its own on the test Redis, flushed before and after.
-REDIS_DB = 9
+#: A database index of its own on the test Redis (in the session's block), flushed before and
+#: after.
+REDIS_DB = TEST_DB - 2
 TIME_LIMIT = 10
 REFUSAL = "saga: refusing to start the worker:"
-
-
-def rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
 
 
 @dataclass
@@ -89,16 +93,7 @@ def _app(url: str, redis_url: str) -> Celery:
 
 @pytest.fixture(scope="module")
 def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rabbit]:
-    if shutil.which("rabbitmqctl") is None:
-        service_missing("rabbitmqctl is not installed (a RabbitMQ server on this machine)")
-    vhost = f"saga-test-{uuid.uuid4().hex[:10]}"
-    try:
-        rabbitmqctl("add_vhost", vhost)
-    except (subprocess.CalledProcessError, OSError) as exc:
-        service_missing(f"cannot add a RabbitMQ vhost ({exc})")
-    try:
-        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-        url = f"{AMQP}/{vhost}"
+    with rabbitmq_vhost() as (vhost, url):
         redis_url = redis_url_with_db(os.environ.get("SAGA_REDIS_URL", DEFAULT_REDIS), REDIS_DB)
         client = redis.Redis.from_url(redis_url)
         try:
@@ -117,6 +112,7 @@ def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rabbit]:
             "PYTHONPATH": str(ROOT),
         }
         saved = {k: os.environ.get(k) for k in [*env, "SAGA_RESULT_BACKEND"]}
+        imported_before = {name for name in READ_ENV_ONCE if name in sys.modules}
         os.environ.pop("SAGA_RESULT_BACKEND", None)
         os.environ.update(env)
         from tasks.tools import tools
@@ -137,8 +133,8 @@ def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rabbit]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    finally:
-        rabbitmqctl("delete_vhost", vhost)
+        # (the Celery configuration imported under this vhost's variables must not outlive it)
+        forget_modules_read_env_once(keep=imported_before)
 
 
 @pytest.fixture(scope="module")
@@ -347,3 +343,49 @@ def test_a_worker_killed_mid_step_is_redelivered_at_once_and_credits_once(
     credits = [e for e in systems.ledger(ORDER) if e["kind"] == "credit"]
     assert len(credits) == 1
     assert [e["args"] for e in picture.stack] == [{"credit_id": result["credit_id"]}]
+
+
+def _consumers(rabbit: Rabbit) -> dict[str, int]:
+    with rabbit.connection() as connection:
+        channel = connection.channel()
+        counts = {}
+        for name in ("celery", TURN_QUEUE):
+            _, _, consumers = channel.queue_declare(queue=name, passive=True)
+            counts[name] = consumers
+        return counts
+
+
+def test_a_worker_named_no_queues_takes_the_tool_queue_alone_as_on_redis(
+    rabbit: Rabbit, worker: WorkerProcess
+) -> None:
+    """``task_queues`` declares the turn queue too, and a worker without ``-Q`` would consume
+    it with prefork slots (an app of tools only would fail every turn): it takes ``celery``
+    alone, as it does on Redis, and says how to take turns."""
+    before = _consumers(rabbit)
+    process = WorkerProcess(
+        "tasks.app", env=rabbit.env, concurrency=1, cwd=ROOT, logfile=rabbit.data / "no-q.log"
+    )
+    with process:
+        wait_until(lambda: _consumers(rabbit)["celery"] == before["celery"] + 1, 30, "its consumer")
+        assert _consumers(rabbit)[TURN_QUEUE] == before[TURN_QUEUE]
+    assert f"not consuming {TURN_QUEUE} (no -Q given)" in process.log()
+
+
+def test_the_turn_queue_is_left_out_only_when_no_queue_was_named() -> None:
+    from saga.celery_amqp import amqp_settings, consume_turns_only_when_named
+
+    def worker_queues(*named: str) -> Any:
+        app = Celery("queues")
+        app.conf.update(amqp_settings("amqp://guest@rabbit//"))
+        queues = app.amqp.queues
+        queues.select(list(named))  # what -Q does; nothing named: every declared queue
+        return queues
+
+    unnamed = worker_queues()
+    assert consume_turns_only_when_named(unnamed)
+    assert [q.name for q in unnamed.consume_from.values()] == ["celery"]
+    both = worker_queues("celery", TURN_QUEUE)
+    assert not consume_turns_only_when_named(both)
+    assert sorted(both.consume_from) == ["celery", TURN_QUEUE]
+    on_redis = Celery("redis", broker="redis://localhost:6379/0").amqp.queues
+    assert not consume_turns_only_when_named(on_redis)
