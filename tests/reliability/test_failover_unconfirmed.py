@@ -26,17 +26,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from saga import RunState, Saga, Settings, UnknownRunError
+from saga import RunState, UnknownRunError
 from saga.rules import REASON_STORE_BEHIND
 from saga.testing import RedisServer, WorkerProcess
 from tasks import systems
-from tasks.tools import tools
 from tests.conftest import ROOT, service_missing
 from tests.integration.helpers import CREDIT, ORDER, wait_until
-from tests.reliability.conftest import TIME_LIMIT, VISIBILITY_TIMEOUT
 from tests.reliability.sentinel_cluster import SentinelCluster, role
 from tests.reliability.test_crashes import credits_and_reversals
-from tests.reliability.test_sentinel import _app
+from tests.reliability.test_sentinel import demo_env, demo_saga
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -58,30 +56,8 @@ def test_without_replica_confirmation_a_failover_loses_writes_and_the_reaper_rev
     cluster: SentinelCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a worker that does not confirm its writes with the replica
-    url = cluster.url()
-    env = {
-        "SAGA_REDIS_URL": url,
-        "SAGA_DEMO_DATA": str(tmp_path),
-        "SAGA_DATABASE_URL": f"sqlite:///{tmp_path / 'saga.db'}",
-        "SAGA_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT),
-        "SAGA_TASK_TIME_LIMIT": str(TIME_LIMIT),
-        "SAGA_RUN_DEADLINE": "1",
-        "PYTHONPATH": str(ROOT),
-    }
-    for key in (
-        "SAGA_BROKER_URL",
-        "SAGA_RESULT_BACKEND",
-        "SAGA_REDIS_SENTINEL_MASTER",
-        "SAGA_REDIS_CONFIRM_REPLICAS",
-    ):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    systems.reset()
-    settings = Settings(
-        redis_url=url, database_url=env["SAGA_DATABASE_URL"], run_deadline_seconds=1
-    )
-    saga = Saga(_app(cluster), tools, settings)
+    env = demo_env(cluster, tmp_path, SAGA_RUN_DEADLINE="1")
+    saga = demo_saga(cluster, env, monkeypatch, run_deadline_seconds=1)
     assert saga.settings.replicas_to_confirm == 0
     master, replica = cluster.master, cluster.replica
     assert cluster.master_port() == master.port

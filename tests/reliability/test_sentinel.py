@@ -65,29 +65,48 @@ def _app(cluster: SentinelCluster) -> Celery:
     return app
 
 
-@pytest.fixture
-def world(
-    cluster: SentinelCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Saga, dict[str, str]]]:
-    """A saga on the cluster and the environment of its worker: only the store's URL names
-    Sentinel (no broker, no result backend, no master setting)."""
-    url = cluster.url()
-    env = {
-        "SAGA_REDIS_URL": url,
-        "SAGA_DEMO_DATA": str(tmp_path),
-        "SAGA_DATABASE_URL": f"sqlite:///{tmp_path / 'saga.db'}",
+def demo_env(cluster: SentinelCluster, data: Path, **extra: str) -> dict[str, str]:
+    """The demo worker's environment on the cluster: only the store's URL names Sentinel (no
+    broker, no result backend, no master setting)."""
+    return {
+        "SAGA_REDIS_URL": cluster.url(),
+        "SAGA_DEMO_DATA": str(data),
+        "SAGA_DATABASE_URL": f"sqlite:///{data / 'saga.db'}",
         "SAGA_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT),
         "SAGA_TASK_TIME_LIMIT": str(TIME_LIMIT),
         "PYTHONPATH": str(ROOT),
+        **extra,
     }
-    for key in ("SAGA_BROKER_URL", "SAGA_RESULT_BACKEND", "SAGA_REDIS_SENTINEL_MASTER"):
+
+
+def demo_saga(
+    cluster: SentinelCluster, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, **settings: Any
+) -> Saga:
+    """A saga on the cluster, this process under ``env`` (and nothing that would override it:
+    a broker, a result backend, a master's name, replica confirmation)."""
+    for key in (
+        "SAGA_BROKER_URL",
+        "SAGA_RESULT_BACKEND",
+        "SAGA_REDIS_SENTINEL_MASTER",
+        "SAGA_REDIS_CONFIRM_REPLICAS",
+    ):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     systems.reset()
-    saga = Saga(
-        _app(cluster), tools, Settings(redis_url=url, database_url=env["SAGA_DATABASE_URL"])
+    chosen = Settings(
+        redis_url=env["SAGA_REDIS_URL"], database_url=env["SAGA_DATABASE_URL"], **settings
     )
+    return Saga(_app(cluster), tools, chosen)
+
+
+@pytest.fixture
+def world(
+    cluster: SentinelCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Saga, dict[str, str]]]:
+    """A saga on the cluster and the environment of its worker (``demo_env``)."""
+    env = demo_env(cluster, tmp_path)
+    saga = demo_saga(cluster, env, monkeypatch)
     yield saga, env
     saga.store.client.close()
     if saga.core._records is not None:

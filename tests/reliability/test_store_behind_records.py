@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -150,16 +151,23 @@ def test_a_step_failing_on_keys_gone_back_in_time_undoes_nothing(
     assert env.saga.records.run(run.run_id).state == "completed"  # type: ignore[union-attr]
 
 
-def test_a_requeue_between_the_records_write_and_its_mark_is_believed(
-    private: Callable[..., Private],
-) -> None:
-    # Given a run escalated with its reversal down, whose worker pauses between writing the
-    # escalation's record and marking the keys recorded
+def credited_with_its_reversal_down(private: Callable[..., Private]) -> tuple[Private, Any]:
+    """A private deployment's run that credited $2,500 and changed the ticket, with the
+    ledger's reversals down: its unwind escalates."""
     env = private()
     env.worker(concurrency=1)
     run = env.saga.start_run()
     demo_steps(run, upto=2)
     systems.set_down("reversal")
+    return env, run
+
+
+def test_a_requeue_between_the_records_write_and_its_mark_is_believed(
+    private: Callable[..., Private],
+) -> None:
+    # Given a run escalated with its reversal down, whose worker pauses between writing the
+    # escalation's record and marking the keys recorded
+    env, run = credited_with_its_reversal_down(private)
     env.faults.delay("", 3.0, point="after_escalation_recorded")
     run.abort("the customer cancelled")
     wait_until(
@@ -184,11 +192,7 @@ def test_a_requeue_of_keys_gone_back_in_time_is_refused_and_undoes_nothing(
 ) -> None:
     # Given a run escalated with its reversal down, requeued and escalated again (recorded),
     # whose keys then go back to its first escalation
-    env = private()
-    env.worker(concurrency=1)
-    run = env.saga.start_run()
-    demo_steps(run, upto=2)
-    systems.set_down("reversal")
+    env, run = credited_with_its_reversal_down(private)
     run.abort("the customer cancelled")
     first = run.wait(timeout=30)
     assert first.state is RunState.ESCALATED
