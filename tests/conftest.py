@@ -29,6 +29,8 @@ import pytest
 import redis
 
 DEFAULT_REDIS = "redis://localhost:6379"
+#: The machine's Redis, as the environment named it before any session fixture set its own.
+MACHINE_REDIS = os.environ.get("SAGA_REDIS_URL", DEFAULT_REDIS)
 #: Each session takes a block of Redis database indexes, TEST_DB - 3 to TEST_DB + 2: its own
 #: (flushed before and after), and those of the tests that need a database to themselves (the
 #: engine harness's, the expiry's, the listing's, the RabbitMQ tests', the matrix legs').
@@ -121,7 +123,7 @@ def store_base() -> Iterator[str]:
     """The URL of the store the session's tests use, without a database index: the Redis at
     ``SAGA_REDIS_URL``, or (``SAGA_TEST_STORE=sentinel``) a Sentinel deployment of its own."""
     if TEST_STORE == "redis":
-        yield os.environ.get("SAGA_REDIS_URL", DEFAULT_REDIS)
+        yield MACHINE_REDIS
         return
     if shutil.which("redis-server") is None:
         service_missing("redis-server is not installed (Debian: apt-get install redis-server)")

@@ -31,7 +31,7 @@ from saga import (
     UnknownRunError,
 )
 from saga.constants import run_keys
-from saga.redis_urls import redis_client
+from saga.redis_urls import kombu_url, redis_client, sentinel_transport_options
 from saga.testing import WorkerProcess
 from tasks import systems
 from tasks.tools import tools
@@ -276,13 +276,18 @@ def expiring(saga_env: dict[str, str], worker: Any) -> Iterator[Saga]:
     url = redis_url_with_db(saga_env["SAGA_REDIS_URL"], EXPIRY_DB)
     client = redis_client(url)
     client.flushdb()
-    overrides = {"SAGA_BROKER_URL": url, "SAGA_RESULT_BACKEND": url, "SAGA_REDIS_URL": url}
+    # The broker and results on the same database (kombu's spelling on a Sentinel store).
+    broker = kombu_url(url)
+    overrides = {"SAGA_BROKER_URL": broker, "SAGA_RESULT_BACKEND": broker, "SAGA_REDIS_URL": url}
     env = {**saga_env, **overrides, "SAGA_RETENTION_SECONDS": str(RETENTION)}
     process = WorkerProcess("tasks.app", env=env, concurrency=1, cwd=ROOT).start(timeout=120)
     app = Celery("expiring", set_as_current=False)
+    transport = sentinel_transport_options(url, broker)
     app.conf.update(
-        broker_url=url,
-        result_backend=url,
+        broker_url=broker,
+        result_backend=broker,
+        broker_transport_options=transport,
+        result_backend_transport_options=transport,
         task_serializer="json",
         accept_content=["json"],
         task_acks_late=True,

@@ -31,7 +31,7 @@ from saga.retry import RetryPolicy
 from saga.testing import Faults, WorkerProcess
 from tasks import systems
 from tests.conftest import (
-    DEFAULT_REDIS,
+    MACHINE_REDIS,
     READ_ENV_ONCE,
     ROOT,
     TEST_DB,
@@ -94,7 +94,9 @@ def _app(url: str, redis_url: str) -> Celery:
 @pytest.fixture(scope="module")
 def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rabbit]:
     with rabbitmq_vhost() as (vhost, url):
-        redis_url = redis_url_with_db(os.environ.get("SAGA_REDIS_URL", DEFAULT_REDIS), REDIS_DB)
+        # (the machine's plain Redis on every leg: the session's worker covers RabbitMQ with a
+        # Sentinel store)
+        redis_url = redis_url_with_db(MACHINE_REDIS, REDIS_DB)
         client = redis.Redis.from_url(redis_url)
         try:
             client.ping()
