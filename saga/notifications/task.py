@@ -12,6 +12,7 @@ from typing import Any
 
 from celery import Celery, Task
 
+from saga.celery_amqp import broker_countdown
 from saga.constants import NOTIFY_TASK
 from saga.errors import NotificationError
 from saga.notifications.notifier import Notifier
@@ -32,7 +33,9 @@ def install_notify_task(app: Celery, notifier: Notifier) -> None:
     def notify(self: Task, escalation_id: str, sink: str) -> dict[str, Any]:
         delivery = notifier.deliver(escalation_id, sink)
         if delivery.retry_in is not None:
-            raise self.retry(exc=delivery.error, countdown=delivery.retry_in)
+            # (as every retry: on quorum queues one under a second would be dropped)
+            countdown = broker_countdown(self.app.conf, delivery.retry_in)
+            raise self.retry(exc=delivery.error, countdown=countdown)
         if delivery.status == "failed":  # recorded; the task fails visibly too (Flower: red)
             raise NotificationError(f"notice {escalation_id} to {sink}: {delivery.detail}")
         return {"status": delivery.status, "detail": delivery.detail}
