@@ -30,8 +30,8 @@ from typing import Any
 
 from saga import celery_amqp
 from saga.constants import AGENT_TURN_TASK, REAP_TASK, START_UNWIND_TASK, TURN_QUEUE
-from saga.redis_urls import is_tls, kombu_url, sentinel_transport_options
-from saga.settings import DEFAULT_REDIS_URL, redis_url_from_env
+from saga.redis_urls import SENTINEL_SCHEMES, is_tls, kombu_url, sentinel_transport_options
+from saga.settings import DEFAULT_REDIS_URL, broker_url_from_env, redis_url_from_env
 
 __all__ = [
     "accept_content",
@@ -68,13 +68,8 @@ __all__ = [
 
 # SAGA_REDIS_PASSWORD (or SAGA_REDIS_PASSWORD_FILE) goes into each URL that has none, escaped.
 _redis = redis_url_from_env("SAGA_REDIS_URL", DEFAULT_REDIS_URL)
-_named_broker = os.environ.get("SAGA_BROKER_URL") or ""
-# (SAGA_REDIS_PASSWORD is Redis's: a RabbitMQ URL carries its own credentials.)
-_broker = (
-    _named_broker
-    if celery_amqp.is_amqp_url(_named_broker)
-    else redis_url_from_env("SAGA_BROKER_URL", _redis)
-)
+# (SAGA_REDIS_PASSWORD is Redis's: a RabbitMQ URL's is SAGA_BROKER_PASSWORD, or its own.)
+_broker = broker_url_from_env(_redis)
 _amqp = celery_amqp.amqp_settings(_broker)
 # Results never go to RabbitMQ (Celery has no such backend): to the stack's Redis unless told.
 _backend = redis_url_from_env("SAGA_RESULT_BACKEND", _redis if _amqp else _broker)
@@ -110,7 +105,12 @@ broker_transport_options: dict[str, Any] = {
     # default, 10 s x 10, makes a standby worker wait ~100 s past the visibility timeout).
     "unacked_restore_interval": max(1, min(60, _visibility // 3)),
     "unacked_restore_throttle": 1,
-    **sentinel_transport_options(_redis, broker_url, result_backend),
+    # The master's name from the first URL that names one (Flower's names only the broker).
+    **sentinel_transport_options(
+        next((u for u in (_redis, _broker, _backend) if u.startswith(SENTINEL_SCHEMES)), _redis),
+        broker_url,
+        result_backend,
+    ),
 }
 result_backend_transport_options = broker_transport_options
 if _amqp:  # the visibility timeout is Redis's (the results' still); RabbitMQ gets confirms

@@ -31,7 +31,7 @@ from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
 from saga.redis_urls import is_tls, kombu_url, sentinel_transport_options
 from saga.rules import not_undone
-from saga.settings import Settings
+from saga.settings import Settings, broker_url_from_env
 from saga.stack import Outcome, RunStore, reachable
 from saga.transport import use_pooled_client_transport
 from saga.validation import check_agent_name, check_deadline, check_name, check_text
@@ -209,10 +209,11 @@ class Client:
 def resolved(
     broker_url: str | None, redis_url: str | None, settings: Settings | None
 ) -> tuple[Settings, str, str]:
-    """The settings, the Redis URL and the broker's (``SAGA_BROKER_URL``, else the Redis)."""
+    """The settings, the Redis URL and the broker's (``SAGA_BROKER_URL`` with its password,
+    else the Redis)."""
     settings = settings or Settings.from_env()
     redis_url = redis_url or settings.redis_url
-    return settings, redis_url, broker_url or os.environ.get("SAGA_BROKER_URL") or redis_url
+    return settings, redis_url, broker_url or broker_url_from_env(redis_url)
 
 
 def broker_app(broker_url: str, redis_url: str = "") -> Celery:

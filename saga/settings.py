@@ -100,6 +100,16 @@ def redis_url_from_env(name: str, default: str) -> str:
     return with_password(url, secret_from_env("SAGA_REDIS_PASSWORD"))
 
 
+def broker_url_from_env(default: str) -> str:
+    """``SAGA_BROKER_URL`` (else ``default``) with its password put in, escaped: a RabbitMQ
+    URL's from ``SAGA_BROKER_PASSWORD`` (or ``SAGA_BROKER_PASSWORD_FILE``, a container's
+    secret), a Redis URL's from ``SAGA_REDIS_PASSWORD`` as the store's. A URL that carries a
+    password keeps it."""
+    url = os.environ.get("SAGA_BROKER_URL") or default
+    name = "SAGA_BROKER_PASSWORD" if is_amqp_url(url) else "SAGA_REDIS_PASSWORD"
+    return with_password(url, secret_from_env(name))
+
+
 _REDIS_SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, "sentinel")
 #: RabbitMQ brokers (kombu's py-amqp transport): never the stack's Redis.
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")

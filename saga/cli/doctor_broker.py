@@ -47,7 +47,9 @@ def probe(name: str, look: Callable[[], Check]) -> Check:
 def broker_url(saga: Saga | None, redis_url: str) -> str:
     if saga is not None:
         return str(saga.app.conf.broker_url or redis_url)
-    return os.environ.get("SAGA_BROKER_URL") or redis_url
+    from saga.settings import broker_url_from_env  # (not at import: `saga --help` is light)
+
+    return broker_url_from_env(redis_url)
 
 
 def bare_app(url: str) -> Celery:

@@ -88,6 +88,45 @@ def test_celery_gets_the_password_in_the_broker_and_result_urls(tmp_path: Path) 
     assert url_to_parts(backend).path == "1"
 
 
+def test_a_rabbitmq_broker_gets_its_own_password_never_the_redis_one(tmp_path: Path) -> None:
+    """``SAGA_BROKER_PASSWORD_FILE`` fills in an AMQP URL (a compose secret); the store's
+    password stays Redis's; every reader of the broker URL (Celery's settings, the client,
+    ``saga doctor``) puts it in."""
+    (tmp_path / "rabbit").write_text(NASTY + "\n")
+    (tmp_path / "redis").write_text("redis-only")
+    env = {
+        **os.environ,
+        "SAGA_BROKER_URL": "amqp://saga@rabbitmq:5672/saga",
+        "SAGA_REDIS_URL": "redis://saga@redis:6379/2",
+        "SAGA_BROKER_PASSWORD_FILE": str(tmp_path / "rabbit"),
+        "SAGA_REDIS_PASSWORD_FILE": str(tmp_path / "redis"),
+    }
+    env.pop("SAGA_BROKER_PASSWORD", None)
+    env.pop("SAGA_RESULT_BACKEND", None)
+    code = (
+        "import json, saga.celery_defaults as c; from saga.client import resolved; "
+        "from saga.cli.doctor_broker import broker_url; "
+        "print(json.dumps([c.broker_url, c.result_backend, resolved(None, None, None)[2], "
+        "broker_url(None, 'redis://unused')]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    broker, backend, client, doctor = json.loads(done.stdout)
+    assert broker == client == doctor
+    parts = url_to_parts(broker)
+    assert (parts.scheme, parts.username, parts.password) == ("amqp", "saga", NASTY)
+    assert (parts.hostname, parts.path) == ("rabbitmq", "saga")
+    assert url_to_parts(backend).password == "redis-only"  # the results are the store's Redis
+    assert url_to_parts(backend).hostname == "redis"
+    # One with its own password keeps it.
+    env["SAGA_BROKER_URL"] = "amqp://saga:mine@rabbitmq:5672/saga"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert url_to_parts(json.loads(done.stdout)[0]).password == "mine"
+
+
 def test_the_app_is_the_setting_else_the_module_that_holds_the_saga(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
