@@ -75,9 +75,13 @@ bench-agents: $(INSTALLED)
 	scripts/with-redis $(BIN)/python benchmarks/agents.py --runs $(or $(RUNS),200)
 
 # The randomised chaos run alone (it starts its own redis-server, two tool workers and a
-# turn worker; a quarter of its runs are hosted agent runs).
+# turn worker; a quarter of its runs are hosted agent runs). STORE=sentinel: the store on a
+# master, a replica and three sentinels of its own, failed over every 20 s among the kills;
+# BROKER=amqp: the broker on a RabbitMQ node of its own, its connections dropped or the node
+# restarted every 25 s.
 chaos: $(INSTALLED)
-	$(BIN)/python -m tests.reliability.chaos --runs $(or $(RUNS),200) --seed $(SEED)
+	$(BIN)/python -m tests.reliability.chaos --runs $(or $(RUNS),200) --seed $(SEED) \
+	  --store $(or $(STORE),redis) --broker $(or $(BROKER),redis)
 
 # The model checks, long profile (each job starts its own redis-server): the engine's state
 # machines (EXAMPLES), then the hosted agent loop's turns, lease, approvals and revivals

@@ -19,7 +19,7 @@ from typing import Any
 
 from saga.agents.launch import published_entry
 from saga.client import no_run
-from saga.constants import AGENTS_KEY, agent_key, run_keys, script_keys
+from saga.constants import AGENTS_KEY, CONFIRM_PROBE_KEY, agent_key, run_keys, script_keys
 from saga.picture import RunPicture
 from saga.redis_urls import async_client
 from saga.run_rows import ROW_FIELDS, Position, RunRow, row_of_head
@@ -78,9 +78,12 @@ class AsyncRunStore:
         """``RunStore``'s wait for the replicas (``ReplicaConfirmation``), awaited."""
         if self.confirmation.wanted(script):
             wanted = self.confirmation
-            self.confirmation.check(
-                script, int(await self.redis.wait(wanted.replicas, wanted.timeout_ms))
-            )
+            # On one connection, after a write of its own (``StoreCore._wait_for_replicas``).
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.incr(CONFIRM_PROBE_KEY)
+                pipe.wait(wanted.replicas, wanted.timeout_ms)
+                confirmed = (await pipe.execute())[-1]
+            self.confirmation.check(script, int(confirmed))
 
     async def published(self, agent: str) -> dict[str, Any] | None:
         with reachable("published_agent"):

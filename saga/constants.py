@@ -8,6 +8,9 @@ Cluster, where all keys a script touches must sit in one slot.
 from __future__ import annotations
 
 KEY_PREFIX = "saga"
+#: Written (an INCR) just before each replica confirmation's ``WAIT``, on the same connection:
+#: ``WAIT`` counts only its own connection's writes (``saga.store_scripts``).
+CONFIRM_PROBE_KEY = f"{KEY_PREFIX}:confirm"
 
 #: Sorted set of runs not yet ended, for the reaper (outside any run's hash tag).
 ACTIVE_RUNS_KEY = f"{KEY_PREFIX}:active"

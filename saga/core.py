@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Celery
 from sqlalchemy.exc import SQLAlchemyError
@@ -30,6 +32,7 @@ from saga.errors import (
     RunEndedError,
     StaleRecordError,
     StepsInFlightError,
+    StoreUnavailableError,
     UnknownRunError,
 )
 from saga.fault_points import FaultPoints, faults_enabled
@@ -46,6 +49,9 @@ from saga.tools import Tool, ToolRegistry
 from saga.unwind import send_chain, unwind_chain
 
 logger = logging.getLogger("saga")
+# The workers' logger (``saga.delivery``'s), for what a worker waits out.
+_worker_logger = logging.getLogger("saga.worker")
+T = TypeVar("T")
 
 #: How often a conclusion re-reads a run that changed under it before leaving it to the reaper.
 _CONCLUDE_ATTEMPTS = 100
@@ -129,6 +135,27 @@ class Core(Dispatcher):
         start-up guard insists on one), plus a margin for the worker to record the outcome."""
         limit = float(self.app.conf.get("task_time_limit") or _DEFAULT_TIME_LIMIT)
         return limit + LEASE_MARGIN_SECONDS
+
+    def patiently(self, what: str, call: Callable[..., T], *args: Any) -> T:
+        """Call ``call`` again while the stack's Redis is unreachable (or a write that counts
+        is not yet on a replica), for ``store_outage_patience`` at most. Every script answers
+        a repeat with what its first call decided, so a call whose reply was lost (it ran on
+        the server) is safe to repeat."""
+        delay, waited = 0.1, 0.0
+        while True:
+            try:
+                return call(*args)
+            except StoreUnavailableError as unavailable:
+                if waited >= self.settings.store_outage_patience:
+                    raise
+                # Why it waits: an unreachable server and an unconfirmed write (no replica
+                # holds it yet) call for different fixes.
+                _worker_logger.warning(
+                    "%s: stack unavailable (%s), trying again", what, unavailable
+                )
+                time.sleep(delay)
+                waited += delay
+                delay = min(delay * 2, 2.0)
 
     # -- ending ---------------------------------------------------------------------------
 
@@ -284,6 +311,11 @@ class Core(Dispatcher):
         picture = picture or self.picture(run_id)
         if not picture.state.ended:
             return None
+        # The end may have been read from a master no replica confirmed it from yet (another
+        # process's conclusion, standing there only): recorded in SQL and then lost with a
+        # failover, SQL would tell of an end Redis never reached. Unconfirmed in time, it is
+        # StoreUnavailableError and the record is written later (the reaper tries again).
+        self.store.confirm("the run's end, before its record")
         try:
             escalation = self.records.record_outcome(picture)
         except StaleRecordError as exc:  # read before the run moved on; its newer record stands

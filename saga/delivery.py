@@ -7,7 +7,6 @@ and waits out a brief outage of the stack's Redis rather than lose what it has t
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -15,7 +14,7 @@ from typing import Any, TypeVar
 from celery import Task
 
 from saga.core import Core
-from saga.errors import InvalidArgumentsError, StoreUnavailableError, ToolRejected
+from saga.errors import InvalidArgumentsError, ToolRejected
 from saga.model import StepContext
 from saga.retry import RetryPolicy
 from saga.tools import Tool
@@ -58,19 +57,6 @@ def call_tool(tool: Tool, ctx: StepContext, args: dict[str, Any]) -> Any:
 
 
 def patiently(core: Core, what: str, call: Callable[..., T], *args: Any) -> T:
-    """Call ``call`` again while the stack's Redis is unreachable, for a bounded time. Every
-    script answers a repeat with what its first call decided, so a call whose reply was lost
-    (it ran on the server) is safe to repeat."""
-    delay, waited = 0.1, 0.0
-    while True:
-        try:
-            return call(*args)
-        except StoreUnavailableError as unavailable:
-            if waited >= core.settings.store_outage_patience:
-                raise
-            # Why it waits: an unreachable server and an unconfirmed write (no replica holds
-            # it yet) call for different fixes.
-            logger.warning("%s: stack unavailable (%s), trying again", what, unavailable)
-            time.sleep(delay)
-            waited += delay
-            delay = min(delay * 2, 2.0)
+    """``Core.patiently``: ``call`` again while the stack's Redis is unreachable, bounded (a
+    repeat converges: every script answers it with what its first call decided)."""
+    return core.patiently(what, call, *args)

@@ -16,7 +16,13 @@ from celery import Celery
 
 from saga import payload, rules
 from saga.constants import tool_task_name
-from saga.errors import DispatchError, RunContendedError, RunEndedError, UnknownRunError
+from saga.errors import (
+    DispatchError,
+    RunContendedError,
+    RunEndedError,
+    StoreUnavailableError,
+    UnknownRunError,
+)
 from saga.model import StepState, ToolClass
 from saga.settings import Settings
 from saga.stack import RunStore
@@ -77,6 +83,13 @@ class Dispatcher:
         if not fresh and self.store.step_outcome(run_id, step)[0] != StepState.DISPATCHED:
             return step  # begun or settled already
         try:
+            # With replica confirmation on, the step's reservation is on a replica before its
+            # message exists: a failover never loses a step whose handle the caller holds.
+            self.store.confirm("reserve")
+        except StoreUnavailableError as exc:
+            self._unsend(run_id, step, tool_name, exc)
+            raise
+        try:
             self.app.send_task(
                 tool_task_name(tool_name),
                 kwargs={"run_id": run_id, "step": step, "args": wire_args},
@@ -90,25 +103,40 @@ class Dispatcher:
                 **self._publish_options(tool_task_name(tool_name)),
             )
         except Exception as exc:
-            error = {"type": type(exc).__name__, "message": str(exc)}
-            released = self.store.release(run_id, step, error)
-            if released.status == "started":
-                # The publish raised, yet the message got through and a worker began the step:
-                # the truth is "it is running", and calling again would make a second step.
-                logger.warning(
-                    "run %s step %d (%s): the broker raised %r but the step is %s; "
-                    "returning its handle",
-                    run_id,
-                    step,
-                    tool_name,
-                    exc,
-                    released.values[0],
-                )
+            if self._unsend(run_id, step, tool_name, exc):
                 return step
-            if released.owns_unwind:
-                self.start_unwind(run_id, f"step:{step}")
             raise DispatchError(f"the broker did not take {tool_name}: {exc}") from exc
         return step
+
+    def _unsend(self, run_id: str, step: int, tool_name: str, exc: Exception) -> bool:
+        """Release a step whose message was not sent (the broker refused it, or its
+        reservation is on no replica yet); True when a delivery began it meanwhile (the
+        message got through after all: the caller gets the step as it is). A release the
+        store does not take leaves the step ``dispatched`` with no message: the reaper finds
+        it never started."""
+        error = {"type": type(exc).__name__, "message": str(exc)}
+        try:
+            released = self.store.release(run_id, step, error)
+        except StoreUnavailableError:
+            if isinstance(exc, StoreUnavailableError):
+                return False  # the store is away: the caller is told so
+            raise
+        if released.status == "started":
+            # The publish raised, yet the message got through and a worker began the step:
+            # the truth is "it is running", and calling again would make a second step.
+            logger.warning(
+                "run %s step %d (%s): the broker raised %r but the step is %s; "
+                "returning its handle",
+                run_id,
+                step,
+                tool_name,
+                exc,
+                released.values[0],
+            )
+            return True
+        if released.owns_unwind:
+            self.start_unwind(run_id, f"step:{step}")
+        return False
 
     def _publish_options(self, task: str) -> dict[str, Any]:
         """What a message of ``task`` is published with besides its own: no declaration of a

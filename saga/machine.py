@@ -67,6 +67,7 @@ STEP_MOVES = _moves(
         ("succeed", S.NOT_DISPATCHED, S.SUCCEEDED, (W,), "late: the refused message arrived"),
         ("succeed", S.REJECTED, S.SUCCEEDED, (W,), "late: judged rejected, yet landed"),
         ("doubt", S.RUNNING, S.IN_DOUBT, (W, R, RV), "it began and nobody will report"),
+        ("doubt", S.DISPATCHED, S.IN_DOUBT, (R,), "never begun, says a store that lost it"),
         ("found", S.IN_DOUBT, S.SUCCEEDED, (Actor.RECONCILER,), "the lookup found the effect"),
         ("not_found", S.IN_DOUBT, S.FAILED, (Actor.RECONCILER,), "the lookup found nothing"),
         ("unknown", S.IN_DOUBT, S.IN_DOUBT, (Actor.RECONCILER,), "nothing can tell: escalate"),

@@ -47,6 +47,10 @@ logger = logging.getLogger("saga.reaper")
 _KEYLESS_GRACE = 60.0
 #: A run the reaper could not handle is looked at again after this long (never every pass).
 _RETRY_BROKEN = 300.0
+#: ... unless only the stack's Redis was away (a restart, a failover, a write no replica
+#: confirmed in time): then as soon as the next pass. Waiting five minutes would leave a run
+#: whose abort stood on the master unconfirmed "unwinding" with no chain sent for that long.
+_RETRY_STORE_AWAY = 1.0
 
 
 @dataclass
@@ -242,8 +246,9 @@ def _broken(
         # (A record the database refuses for good, a value too long or a missing table, is
         # not "away": retrying alone would never end, so it is escalated below.)
         logger.error("reaper: run %s waits for %s", run_id, message)
+        retry = _RETRY_STORE_AWAY if isinstance(exc, StoreUnavailableError) else _RETRY_BROKEN
         with contextlib.suppress(StoreUnavailableError):
-            core.store.schedule(run_id, now + _RETRY_BROKEN)
+            core.store.schedule(run_id, now + retry)
         return
     logger.exception("reaper could not handle run %s; escalating it", run_id)
     try:
@@ -272,15 +277,48 @@ def _resolve(core: Core, picture: RunPicture, now: float, report: ReapReport) ->
         # The owner died before sending the chain, or the chain was lost: send it again. A
         # compensation still running under its lease is progress: the script refuses then.
         owner = f"reaper:{uuid.uuid4().hex[:8]}"
-        if core.store.take_over(run_id, picture.version, owner):
+        # Waited out in place (a failover, a write no replica holds yet): put off, it would
+        # stand on the master and, having moved the run on, wait a whole deadline again.
+        took = core.patiently(
+            f"reaper: run {run_id}: take over", core.store.take_over, run_id, picture.version, owner
+        )
+        if took:
             core.start_unwind(run_id, owner)
             report.resumed.append(run_id)
+
+
+def _found_anyway(core: Core, picture: RunPicture, step: int) -> bool:
+    """Whether a step the store says never began has an effect its lookup finds. A lookup
+    that fails, a read, a tool with no lookup: no (the step is judged never started, as
+    without the lookup)."""
+    record = picture.step(step)
+    try:
+        tool = core.registry.get(record.tool)
+    except UnknownToolError:
+        return False
+    if tool.lookup is None or tool.tool_class is ToolClass.READ:
+        return False
+    try:
+        return tool.lookup(step_idempotency_key(picture.run_id, step), record.args) is not None
+    except Exception:
+        logger.exception("run %s: lookup of step %d (%s) failed", picture.run_id, step, record.tool)
+        return False
 
 
 def _resolve_step(
     core: Core, picture: RunPicture, step: int, idle: int, report: ReapReport
 ) -> None:
     run_id, state = picture.run_id, picture.step(step).state
+    if state is StepState.DISPATCHED and _found_anyway(core, picture, step):
+        # The store says no delivery began it, yet the tool's own system has its effect: a
+        # failover lost the step's begin and its outcome, and its message was acked (a time
+        # limit cut the delivery's wait for the store short). Judged "never started", its
+        # effect would stand with no undo on any stack: reconcile it as in doubt instead.
+        error = {"type": "NoOutcome", "message": f"found by its lookup after {idle}s"}
+        marked = core.store.mark_in_doubt(run_id, step, error, respect_lease=True)
+        if marked.status == "in_doubt" and str(marked.values[0]) == "0":
+            report.in_doubt.append((run_id, step, reconcile(core, run_id, step)))
+        return
     if state is StepState.DISPATCHED:
         # Never started, by this picture. The script refuses the verdict if a delivery has
         # begun it since (the picture is a moment old): then it is running, not lost.

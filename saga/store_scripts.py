@@ -24,7 +24,7 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from saga.constants import script_keys, settled_key
+from saga.constants import CONFIRM_PROBE_KEY, script_keys, settled_key
 from saga.errors import ConfigurationError, StoreUnavailableError
 from saga.machine import lua_tables
 from saga.redis_errors import unavailable
@@ -89,6 +89,10 @@ CONFIRMED_SCRIPTS = frozenset(
         "record_compensation",
         "conclude",
         "decide_approval",
+        # A model call is made only once its ask is on a replica, and its answer counts only
+        # there: a failover never makes a turn ask the model again.
+        "ask_model",
+        "record_answer",
         "requeue",
         "resolve",
     }
@@ -185,12 +189,31 @@ class StoreCore:
             self._confirm(script)
         return outcome_of(script, run_id, raw, args)
 
+    def confirm(self, what: str) -> None:
+        """Wait for the replicas to hold every write made so far, as after a write that counts
+        (``ReplicaConfirmation``; nothing to wait for without it): ``StoreUnavailableError``
+        when fewer hold it in time. For a write that counts only at some moments (a step's
+        reservation, once its message is about to be sent)."""
+        if self.confirmation.replicas:
+            with reachable(what):
+                self._wait_for_replicas(what)
+
     def _confirm(self, script: str) -> None:
         """Wait for the replicas to hold what ``script`` wrote, when it is a write that counts
         (``ReplicaConfirmation``); inside the caller's ``reachable``."""
         if self.confirmation.wanted(script):
-            confirmed = self.client.wait(self.confirmation.replicas, self.confirmation.timeout_ms)
-            self.confirmation.check(script, int(confirmed))
+            self._wait_for_replicas(script)
+
+    def _wait_for_replicas(self, what: str) -> None:
+        """``WAIT`` counts the writes of its own connection only, and the pool may lend the
+        ``WAIT`` another connection than the write's (another thread took that one back in
+        between): so a write goes first on the same connection, one that follows every write
+        made so far in the replication stream (``CONFIRM_PROBE_KEY``)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.incr(CONFIRM_PROBE_KEY)
+            pipe.wait(self.confirmation.replicas, self.confirmation.timeout_ms)
+            confirmed = pipe.execute()[-1]
+        self.confirmation.check(what, int(confirmed))
 
     def now(self, exact: bool = False) -> float:
         """The Redis server's clock, the one every script records: this host's clock corrected

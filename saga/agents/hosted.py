@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -76,11 +77,28 @@ class Again:
     model_attempt: bool = False
 
 
+@dataclass
+class Delivery:
+    """What one delivery of a turn keeps across its replays (``play_turn``): the token its
+    asks of the model are made under, so an ask repeated after a lost reply or an unconfirmed
+    write is counted once; and the model's answer once it has one, so a replay after the
+    store lost the recorded answer (a failover) records it again instead of asking again."""
+
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    answer: ModelTurn | None = None
+
+
 def run_turn(
-    core: Core, agents: AgentRegistry, run_id: str, turn: int, attempt: int = 1
+    core: Core,
+    agents: AgentRegistry,
+    run_id: str,
+    turn: int,
+    attempt: int = 1,
+    delivery: Delivery | None = None,
 ) -> Again | None:
     """Play turn ``turn`` of a hosted run (``attempt``: of its model call); returns when to
     try again (a retryable model error, or another delivery asking the model), else None."""
+    delivery = delivery or Delivery()
     picture = core.store.picture(run_id)
     state = LoopState.parse(picture.agent) if picture is not None else None
     if picture is None or state is None:
@@ -112,8 +130,13 @@ def run_turn(
         core.store.adopt_deadline(run_id, agent.deadline or core.settings.run_deadline_seconds)
     turns = turn_store(core)
     answer = state.answers.get(turn)
+    if answer is not None:
+        # Recorded by another delivery, maybe on a master no replica has confirmed it from
+        # yet: acted on, then lost with a failover, the run would go on from an answer it
+        # has no record of. Unconfirmed in time: the turn plays again from a fresh read.
+        core.store.confirm("the turn's recorded answer")
     if answer is None:
-        asked = _ask(core, turns, agent, picture, state, turn, attempt)
+        asked = _ask(core, turns, agent, picture, state, turn, attempt, delivery)
         if not isinstance(asked, ModelTurn):
             return asked
         answer = asked
@@ -141,9 +164,11 @@ def play_turn(
     the broker often is too, and a retry that cannot be published would lose the turn."""
     patience = time.monotonic() + core.settings.store_outage_patience
     pause, contended = 0.1, 0
+    delivery = Delivery()
     while True:
         try:
-            return run_turn(core, agents, run_id, turn, attempt)
+            # Each replay reads the run afresh (after a failover, from the new master).
+            return run_turn(core, agents, run_id, turn, attempt, delivery)
         except RunContendedError:
             contended += 1
             if contended > _CONTENDED_REPLAYS:
@@ -171,6 +196,7 @@ def _ask(
     state: LoopState,
     turn: int,
     attempt: int,
+    delivery: Delivery,
 ) -> ModelTurn | Again | None:
     """Freeze the results the model is about to read, check the limits, and ask the policy
     once: the recorded answer, when to try again, or None when the run ended here."""
@@ -188,7 +214,8 @@ def _ask(
     # Every delivery died or failed asking: stop looping. Judged under the lease (by the
     # script), never while another delivery's model call may still answer.
     most = agent.model_retry.attempts + core.settings.max_redeliveries
-    hold = Hold(run_id, turn, min(core.lease_seconds, TURN_LEASE_SECONDS))
+    hold = Hold(run_id, turn, min(core.lease_seconds, TURN_LEASE_SECONDS), delivery.token)
+    # A replay's ask under the same token is counted once (ask_model.lua).
     taken = turns.ask_model(run_id, turn, hold.seconds, hold.token, most)
     if taken == "busy":
         return Again(_LEASE_WAIT)
@@ -199,14 +226,19 @@ def _ask(
         _end(core, run_id, turn, OnLimit.UNWIND, why)
         return None
     recorded: ModelTurn | None = None  # recording the answer releases the lease
+    keep_lease = False
     try:
-        with keeper_for(core.store).holding(hold):
-            _strike(core, "during_model_call", agent.name)
-            transcript = transcript_until(state, turn)
-            answer = telemetry.model_call(
-                run_id, turn, agent, take_turn, agent.policy, transcript, agent.tools
-            )
-        recorded = turns.record_answer(run_id, turn, answer.with_usable_call_ids(turn), hold.token)
+        if delivery.answer is None:
+            with keeper_for(core.store).holding(hold):
+                _strike(core, "during_model_call", agent.name)
+                transcript = transcript_until(state, turn)
+                answer = telemetry.model_call(
+                    run_id, turn, agent, take_turn, agent.policy, transcript, agent.tools
+                )
+            # Kept in hand: should recording it fail (Redis away, or no replica holding it in
+            # time, and then a failover), the replay records this answer, never asks again.
+            delivery.answer = answer.with_usable_call_ids(turn)
+        recorded = turns.record_answer(run_id, turn, delivery.answer, hold.token)
         return recorded
     except ModelCallError as exc:
         if exc.retryable and agent.model_retry.allows_another(attempt):
@@ -220,12 +252,15 @@ def _ask(
     except RunEndedError as exc:  # aborted, or reaped as hung, while the model thought
         logger.info("run %s turn %d: the answer came after the run ended (%s)", run_id, turn, exc)
     except StoreUnavailableError:
-        raise  # Redis away, not the policy's fault: the task tries the turn again
+        # Redis away, not the policy's fault: the delivery plays the turn again, keeping
+        # the lease while it holds an answer to record (nobody else may ask meanwhile).
+        keep_lease = delivery.answer is not None
+        raise
     except Exception as exc:  # a bug in the policy: every retry would fail the same way
         logger.exception("run %s turn %d: the policy raised", run_id, turn)
         _end(core, run_id, turn, OnLimit.UNWIND, f"the policy failed: {type(exc).__name__}: {exc}")
     finally:
-        if recorded is None:
+        if recorded is None and not keep_lease:
             turns.release_lease(run_id, turn, hold.token)
     return None
 
@@ -271,10 +306,15 @@ def advance_if_settled(core: Core, run_id: str, turn: int) -> None:
 
 def _end(core: Core, run_id: str, turn: int, how: OnLimit | str, why: str) -> None:
     """Stop the loop: record why and how (first writer wins), then carry it out."""
-    why, end = turn_store(core).mark_ended(run_id, turn, why, OnLimit(how).value)
+    what = f"run {run_id} turn {turn}: the loop's end"
+    why, end = core.patiently(
+        what, turn_store(core).mark_ended, run_id, turn, why, OnLimit(how).value
+    )
     logger.info("run %s: the loop ends at turn %d (%s): %s", run_id, turn, end, why)
     _strike(core, "after_loop_ended", "")
-    carry_out_end(core, run_id, end, why)
+    # Carried out here, not by playing the turn again (which would ask the model again when
+    # a failover lost the end's record).
+    core.patiently(what, carry_out_end, core, run_id, end, why)
 
 
 #: The end of a loop whose agent this worker does not host (see ``carry_out_end``).

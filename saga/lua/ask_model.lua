@@ -8,6 +8,8 @@
 -- another was still asking must wait for that call's answer, not end the run under it.
 -- An answer recorded since the caller read the run: nothing to ask (the caller plays again).
 if redis.call('HEXISTS', AGENT, ARGV[1] .. ':answer') == 1 then return {'answered'} end
+-- The same asker again (its reply lost, or its write not yet on a replica): counted once.
+if redis.call('GET', KEYS[7]) == ARGV[3] then return {'ok'} end
 if not redis.call('SET', KEYS[7], ARGV[3], 'NX', 'PX', ARGV[2]) then return {'busy'} end
 local asked = tonumber(redis.call('HGET', AGENT, ARGV[1] .. ':asked') or '0')
 if tonumber(ARGV[4] or '0') > 0 and asked >= tonumber(ARGV[4]) then

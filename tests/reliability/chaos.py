@@ -1,6 +1,7 @@
 """The randomised chaos run: many small sagas, random kill points, three workers, invariants.
 
     python -m tests.reliability.chaos --runs 200 --seed 1 [--hosted-share 0.25]
+        [--store sentinel] [--broker amqp]
 
 It starts a private ``redis-server``, two Celery tool workers on ``tests.reliability.chaos_app``
 and a turn worker (``-P threads -c 20 -Q saga.turns``) and, in this process, a ``Saga`` on the
@@ -37,6 +38,15 @@ And for hosted runs, against the policy's own count of its calls per (run, turn)
   and the early irreversible call none (it was refused);
 - the loop's counters (``<k>:asked``, ``model_calls``) and the SQL transcript agree with the
   policy's count and the recorded turns.
+
+``--store sentinel`` puts the store, the broker and the results on a master, a replica and
+three sentinels of the run's own (replica confirmation on), failed over every
+``--failover-every`` seconds; the tools' ledger then lives on the plain Redis, which no failover
+touches. ``--broker amqp`` puts the broker on a RabbitMQ node of the run's own
+(``rabbit_node.RabbitNode``), whose client connections are all closed, or which is restarted,
+every ``--broker-fault-every`` seconds. The agent retries what a failover refuses, as a caller
+told ``StoreUnavailableError`` is retryable should; a call the broker refused (nothing sent)
+makes it abort the run.
 
 It prints its figures; the last line is ``chaos: N runs, K kills, V violations`` and the exit
 status is 1 when V > 0.
@@ -413,6 +423,16 @@ class Chaos:
         self.stop = threading.Event()
         self.tmp = Path(tempfile.mkdtemp(prefix="saga-chaos-"))
         self.redis: Any = None
+        #: ``--store sentinel``: the master, replica and sentinels; ``--broker amqp``: the
+        #: RabbitMQ node. Both are this run's own, disturbed by ``disturb``.
+        self.sentinels: Any = None
+        self.rabbit: Any = None
+        #: What ``disturb`` did (failovers, dropped connections, node restarts), how long the
+        #: longest took, and what failed; the agent's retries of calls that met it.
+        self.disturbed: Counter[str] = Counter()
+        self.longest_disturbance = 0.0
+        self.disturb_failures: list[str] = []
+        self.retried: Counter[str] = Counter()
         self.workers: list[Any] = []
         self.worker_logs: list[Path] = []
         self.restarts = 0
@@ -442,6 +462,7 @@ class Chaos:
         from saga import Saga, Settings
         from saga.client import Client
         from saga.testing import RedisServer
+        from tests.reliability import chaos_app
 
         handler = logging.FileHandler(self.tmp / "agent.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(message)s"))
@@ -452,13 +473,32 @@ class Chaos:
             console = logging.StreamHandler()
             console.setLevel(logging.WARNING)
             logging.getLogger().addHandler(console)
+        # The plain Redis: the store and the broker, or (a Sentinel store) only the tools'
+        # ledger and the results, which must not go back in time with a failover.
         self.redis = RedisServer("--appendonly", "no", directory=self.tmp / "redis").start()
-        url = self.redis.url + "/0"
+        plain = self.redis.url + "/0"
+        url, broker = plain, plain
+        topology: dict[str, str] = {}
+        transport: dict[str, Any] = {}
+        if self.args.store == "sentinel":
+            from tests.reliability.sentinel_cluster import MASTER, SentinelCluster
+
+            self.sentinels = SentinelCluster(self.tmp / "sentinel").start()
+            url, broker = self.sentinels.url(0), self.sentinels.kombu_url(0)
+            transport = {"master_name": MASTER}
+            # The writes a failover must not lose wait for the replica (docs/durability.md).
+            topology = {"SAGA_REDIS_CONFIRM_REPLICAS": "1", chaos_app.LEDGER_ENV: plain}
+        if self.args.broker == "amqp":
+            from tests.reliability.rabbit_node import RabbitNode
+
+            self.rabbit = RabbitNode(self.tmp / "rabbit").start()
+            broker, transport = self.rabbit.url, {}
         database = f"sqlite:///{self.tmp / 'saga.db'}"
         self.env = {
             "SAGA_REDIS_URL": url,
-            "SAGA_BROKER_URL": url,
-            "SAGA_RESULT_BACKEND": url,
+            "SAGA_BROKER_URL": broker,
+            "SAGA_RESULT_BACKEND": self.redis.url + "/1",
+            **topology,
             "SAGA_DATABASE_URL": database,
             "SAGA_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT),
             "SAGA_TASK_TIME_LIMIT": str(TIME_LIMIT),
@@ -468,25 +508,30 @@ class Chaos:
             ),
             "SAGA_CHAOS_WORKER": "1",
         }
-        from tests.reliability import chaos_app
-
-        self.ledger = chaos_app.configure(url)
+        self.ledger = chaos_app.configure(plain)
         app = Celery("saga-chaos-agent")
         app.config_from_object("celeryconfig")
         app.conf.update(
-            broker_url=url,
-            result_backend=url,
-            broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
+            broker_url=broker,
+            result_backend=self.env["SAGA_RESULT_BACKEND"],
+            broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT, **transport},
             task_time_limit=TIME_LIMIT,
             task_soft_time_limit=TIME_LIMIT - 1,
             broker_connection_retry_on_startup=True,
         )
         settings = Settings(
-            redis_url=url, database_url=database, run_deadline_seconds=self.args.deadline
+            redis_url=url,
+            database_url=database,
+            run_deadline_seconds=self.args.deadline,
+            replicas_to_confirm=1 if self.sentinels is not None else 0,
         )
         self.saga = Saga(app, chaos_app.tools, settings)
         self.saga.records  # noqa: B018 - create the tables once, before the threads race to
-        self.client = Client(broker_url=url, redis_url=url, settings=settings)
+        if self.args.broker == "amqp":  # the queues as the workers declare them
+            from saga.celery_amqp import amqp_settings
+
+            app.conf.update(amqp_settings(broker))
+        self.client = Client(broker_url=broker, redis_url=url, settings=settings)
         self.workers = [None] * (self.args.workers + 1)
         with ThreadPoolExecutor(self.args.workers + 1) as pool:
             list(pool.map(self._start_worker, range(self.args.workers + 1)))
@@ -563,10 +608,41 @@ class Chaos:
                 for run_id, step in report.never_started:
                     self.reaped_runs.setdefault(run_id, []).append(f"step {step} never started")
 
+    def disturb(self) -> None:
+        """The topology's own faults among the plans' kills: on a Sentinel store a
+        ``SENTINEL FAILOVER`` every ``--failover-every`` seconds; on RabbitMQ, every
+        ``--broker-fault-every`` seconds, every client connection dropped, or (every other
+        time) the node restarted (stopped cleanly, started again on its data)."""
+        if self.sentinels is not None:
+            every, name = self.args.failover_every, "failover"
+        elif self.rabbit is not None:
+            every, name = self.args.broker_fault_every, "broker"
+        else:
+            return
+        while not self.stop.wait(every):
+            began = time.monotonic()
+            try:
+                if self.sentinels is not None:
+                    self.sentinels.failover()
+                    what = "failovers"
+                elif self.disturbed["connections dropped"] <= self.disturbed["node restarts"]:
+                    self.rabbit.drop_connections()
+                    what = "connections dropped"
+                else:
+                    self.rabbit.restart()
+                    what = "node restarts"
+            except Exception as exc:  # reported; the run goes on
+                self.disturb_failures.append(f"{name}: {type(exc).__name__}: {exc}"[:300])
+                continue
+            with self.lock:
+                self.disturbed[what] += 1
+                self.longest_disturbance = max(self.longest_disturbance, time.monotonic() - began)
+
     def start_threads(self) -> None:
         self.threads = [
             threading.Thread(target=self.supervise, daemon=True, name="supervisor"),
             threading.Thread(target=self.reap, daemon=True, name="reaper"),
+            threading.Thread(target=self.disturb, daemon=True, name="disturber"),
         ]
         for thread in self.threads:
             thread.start()
@@ -592,6 +668,10 @@ class Chaos:
             self.ledger.client.close()
         if self.redis is not None:
             self.redis.stop()
+        if self.sentinels is not None:
+            self.sentinels.stop()
+        if self.rabbit is not None:
+            self.rabbit.stop()
         if self.log_handler is not None:
             logging.getLogger().removeHandler(self.log_handler)
             self.log_handler.close()
@@ -602,8 +682,76 @@ class Chaos:
 
     # -- the agent ----------------------------------------------------------------------------
 
+    def note_retry(self, what: str) -> None:
+        with self.lock:
+            self.retried[what] += 1
+
+    def start_run(self, run_id: str, deadline: float) -> Any:
+        """``start_run``, again through a failover; a run that exists after an unanswered
+        try is this one (its creation reached the store)."""
+        from saga.errors import RunExistsError, StoreUnavailableError
+
+        options = {"peek": "unwind"}
+        # The plans were written for driven runs where any final failure unwinds: the read's
+        # too, which a driven run would otherwise feed back.
+        unanswered = False
+        while True:
+            try:
+                return self.saga.start_run(run_id, deadline=deadline, on_failure=options)
+            except RunExistsError:
+                if not unanswered:
+                    raise
+                return self.patient(self.saga.run, run_id, options)
+            except StoreUnavailableError:
+                unanswered = True
+                self.note_retry("start_run")
+                if self.stop.wait(0.2):
+                    raise
+
+    def call(self, run: Any, number: int, step: dict[str, Any]) -> Any:
+        """``run.call``; when the store did not answer, the run's own record says whether
+        the step was reserved (it is then that step) or not (call again)."""
+        from saga.errors import DispatchError, StoreUnavailableError
+        from saga.model import StepState
+        from saga.runs import StepHandle
+
+        deadline = time.monotonic() + self.args.step_timeout
+        while True:
+            try:
+                return run.call(step["tool"], **step["args"])
+            except StoreUnavailableError:
+                if time.monotonic() > deadline or self.stop.is_set():
+                    raise
+                self.note_retry("call")
+                time.sleep(0.2)
+                steps = {s.step: s for s in self.patient(run.picture).steps}
+                if number in steps:
+                    if steps[number].state is StepState.NOT_DISPATCHED:  # released, not sent
+                        raise DispatchError(f"step {number} released, the store away") from None
+                    return StepHandle(run.core, run.run_id, number, step["tool"])
+
+    def finish(self, run: Any) -> None:
+        """``run.finish``; after an unanswered try, a run found completed was finished."""
+        from saga.errors import RunEndedError, StoreUnavailableError
+        from saga.model import RunState
+
+        unanswered = False
+        while True:
+            try:
+                run.finish(timeout=self.args.step_timeout)
+                return
+            except RunEndedError:
+                if unanswered and self.patient(run.state) is RunState.COMPLETED:
+                    return
+                raise
+            except StoreUnavailableError:
+                unanswered = True
+                self.note_retry("finish")
+                if self.stop.wait(0.2):
+                    raise
+
     def drive(self, index: int, plan: dict[str, Any]) -> Drive:
-        from saga.errors import RunEndedError, StepsInFlightError
+        from saga.errors import DispatchError, RunEndedError, StepsInFlightError
 
         run_id = f"s{self.args.seed}r{index:04d}"
         drive = Drive(index, run_id, plan)
@@ -617,9 +765,7 @@ class Chaos:
                 faults = {k: json.dumps(v) for k, v in plan["faults"].items()}
                 self.ledger.client.hset(plan_key(run_id), mapping=faults)
             deadline = self.args.deadline if plan["deadline"] == "long" else SHORT_DEADLINE
-            # The plans were written for driven runs where any final failure unwinds: the
-            # read's too, which a driven run would otherwise feed back.
-            run = self.saga.start_run(run_id, deadline=deadline, on_failure={"peek": "unwind"})
+            run = self.start_run(run_id, deadline)
             agent = plan["agent"]
             for number, step in enumerate(plan["steps"], 1):
                 if agent.get("abandon_after") == number - 1:
@@ -628,12 +774,18 @@ class Chaos:
                 if agent.get("abort_after") == number - 1:
                     drive.action = "aborted"
                     with contextlib.suppress(RunEndedError):
-                        run.abort("the agent changed its mind")
+                        self.patient(run.abort, "the agent changed its mind")
                     break
                 try:
-                    handle = run.call(step["tool"], **step["args"])
+                    handle = self.call(run, number, step)
                 except RunEndedError:
                     drive.action = "ended"
+                    break
+                except DispatchError as refused:  # the broker away: give the run up
+                    drive.action = "dispatch refused"
+                    self.note_retry("dispatch refused: run aborted")
+                    with contextlib.suppress(RunEndedError):
+                        self.patient(run.abort, f"the agent could not call: {refused}"[:200])
                     break
                 if handle.step != number:
                     drive.errors.append(
@@ -648,10 +800,10 @@ class Chaos:
                 if agent.get("abort_after") == len(plan["steps"]):
                     drive.action = "aborted"
                     with contextlib.suppress(RunEndedError):
-                        run.abort("the agent changed its mind")
+                        self.patient(run.abort, "the agent changed its mind")
                 else:
                     try:
-                        run.finish(timeout=self.args.step_timeout)
+                        self.finish(run)
                         drive.action = "finished"
                         return drive
                     except (RunEndedError, StepsInFlightError) as exc:
@@ -669,7 +821,7 @@ class Chaos:
         """Enqueue a hosted run (as a web app would) and wait for its end; then read what each
         step told the model from its record."""
         from saga.model import StepState
-        from tests.reliability.chaos_app import AGENT, plan_key
+        from tests.reliability.chaos_app import plan_key
 
         plan, run_id = drive.plan, drive.run_id
         try:
@@ -678,24 +830,22 @@ class Chaos:
                 self.ledger.client.hset(plan_key(run_id), mapping=faults)
             deadline = HOSTED_DEADLINE if plan["deadline"] == "long" else SHORT_DEADLINE
             script = json.dumps(hosted_script(run_id, plan))
-            if self.client.enqueue_run(AGENT, script, run_id=run_id, deadline=deadline) != run_id:
+            if self.enqueue(script, run_id, deadline) != run_id:
                 drive.errors.append("enqueue_run returned another run id")
             drive.action = "enqueued"
             if plan.get("enqueue_again"):
                 # A web app retrying its request while turn 1's long model call runs, past
                 # the lease's first length: the repeat must not ask the model a second time.
                 self.stop.wait(TURN_LEASE + 1.0)
-                if self.client.enqueue_run(AGENT, script, run_id=run_id, deadline=deadline) != (
-                    run_id
-                ):
+                if self.enqueue(script, run_id, deadline) != run_id:
                     drive.errors.append("enqueue_run again returned another run id")
             limit = time.monotonic() + 2 * self.args.step_timeout
             while not self.stop.is_set() and time.monotonic() < limit:
-                if self.saga.picture(run_id).state.ended:
+                if self.patient(self.saga.picture, run_id).state.ended:
                     drive.action = "ended"
                     break
                 time.sleep(0.1)
-            for step in self.saga.picture(run_id).steps:
+            for step in self.patient(self.saga.picture, run_id).steps:
                 if step.state is StepState.SUCCEEDED:
                     drive.seen[step.step] = ("ok", step.result)
                 elif step.state in (StepState.FAILED, StepState.REJECTED):
@@ -710,12 +860,29 @@ class Chaos:
             drive.elapsed = time.monotonic() - started
         return drive
 
+    def enqueue(self, script: str, run_id: str, deadline: float) -> str:
+        """``enqueue_run`` as a web app would: called again with the same id while the store
+        or the broker is away (``MessageNotSentError`` says the run exists, its turn unsent)."""
+        from saga.errors import MessageNotSentError, StoreUnavailableError
+        from tests.reliability.chaos_app import AGENT
+
+        limit = time.monotonic() + self.args.step_timeout
+        while True:
+            try:
+                return str(self.client.enqueue_run(AGENT, script, run_id=run_id, deadline=deadline))
+            except (StoreUnavailableError, MessageNotSentError) as exc:
+                if time.monotonic() > limit or self.stop.is_set():
+                    raise
+                self.note_retry(f"enqueue_run ({type(exc).__name__})")
+                time.sleep(0.5)
+
     def _settle(self, handle: Any, run: Any) -> tuple[str, Any]:
         """Wait for a step's outcome; give up if its run ended without one (or time runs out)."""
         from saga.errors import (
             StepFailedError,
             StepInDoubtError,
             StepSkippedError,
+            StoreUnavailableError,
             WaitTimeoutError,
         )
 
@@ -727,8 +894,12 @@ class Chaos:
                 return ("failed", str(exc))
             except StepInDoubtError as exc:  # the run is failing; it reconciles the step
                 return ("in_doubt", str(exc))
+            except StoreUnavailableError:
+                self.note_retry("result")
+                time.sleep(0.2)
+                continue
             except WaitTimeoutError:
-                state = run.state()
+                state = self.patient(run.state)
                 if state.ended:
                     return ("unsettled", f"run {state.value}, step {handle.state().value}")
                 if time.monotonic() > deadline:
@@ -738,7 +909,7 @@ class Chaos:
     def _wait_end(self, run: Any) -> None:
         deadline = time.monotonic() + self.args.step_timeout
         while not self.stop.is_set() and time.monotonic() < deadline:
-            if run.state().ended:
+            if self.patient(run.state).ended:
                 return
             time.sleep(0.05)
 
@@ -748,23 +919,54 @@ class Chaos:
         deadline = time.monotonic() + timeout
         quiet_since = None
         while True:
-            open_runs = [r for r in run_ids if not self.saga.picture(r).state.ended]
+            open_runs = [r for r in run_ids if not self.patient(self.saga.picture, r).state.ended]
             if open_runs or self._broker_busy():
                 quiet_since = None
             elif quiet_since is None:
                 quiet_since = time.monotonic()
-            if quiet_since is not None and time.monotonic() - quiet_since > 1.0:
+            if quiet_since is not None and time.monotonic() - quiet_since > self._quiet_for():
                 return []
             if time.monotonic() > deadline or self.stop.is_set():
                 return open_runs
             time.sleep(0.25)
 
-    def _broker_busy(self) -> bool:
-        """Messages queued, or delivered and not yet acknowledged (kombu's Redis keys)."""
-        from saga.constants import TURN_QUEUE
+    def _quiet_for(self) -> float:
+        """How long the broker must look idle: RabbitMQ's queue lengths lag behind."""
+        from tests.reliability.rabbit_node import STATISTICS_LAG
 
-        client = self.saga.store.client
-        return bool(client.llen("celery") or client.llen(TURN_QUEUE) or client.hlen("unacked"))
+        return 1.0 + (STATISTICS_LAG if self.rabbit is not None else 0.0)
+
+    def patient(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """``call`` (a read, or a write safe to repeat), again while the store is failing over
+        (``StoreUnavailableError``), as a caller that knows the error is retryable would."""
+        from saga.errors import StoreUnavailableError
+
+        deadline = time.monotonic() + self.args.step_timeout
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except StoreUnavailableError:
+                if time.monotonic() > deadline or self.stop.is_set():
+                    raise
+                with self.lock:
+                    self.retried[getattr(call, "__name__", "call")] += 1
+                time.sleep(0.2)
+
+    def _broker_busy(self) -> bool:
+        """Messages queued, or delivered and not yet acknowledged (kombu's Redis keys; on
+        RabbitMQ, its queues' lengths, unacknowledged included)."""
+        import redis
+
+        from saga.constants import TURN_QUEUE
+        from saga.errors import StoreUnavailableError
+
+        try:
+            if self.rabbit is not None:
+                return bool(self.rabbit.messages())
+            client = self.saga.store.client
+            return bool(client.llen("celery") or client.llen(TURN_QUEUE) or client.hlen("unacked"))
+        except (redis.RedisError, StoreUnavailableError, RuntimeError, OSError):
+            return True  # a failover or a restart: not quiet
 
 
 # -- checks -----------------------------------------------------------------------------------
@@ -1073,13 +1275,18 @@ def _check_run(
     ]
     reached = {int(name.split(":")[1]) for name in failed_for_good} & set(drive.seen)
     # A delivery that failed and then died (another run's whole-worker kill) before recording
-    # the failure is redelivered: past the plan's injected failures, the step may rightly
-    # succeed. Such a step ran more deliveries than the plan has failures for it.
+    # the failure is redelivered, and a failover can lose a retry's count: past the plan's
+    # injected failures, the step may rightly succeed. Such a step reached its fault point more
+    # often than the plan has failures for it (the tools' own count, which no failover loses).
+    from tests.reliability import chaos_app
+
+    fired = chaos_app.ledger().client.hgetall(chaos_app.fired_key(run_id))
     steps = {s.step: s for s in picture.steps}
     reached = {
         step
         for step in reached
-        if step not in steps or steps[step].attempts <= plan["faults"][f"fail:{step}"]["times"]
+        if max(int(fired.get(f"fail:{step}", 0)), steps[step].attempts if step in steps else 0)
+        <= plan["faults"][f"fail:{step}"]["times"]
     }
     if reached and state is RunState.COMPLETED:
         findings.violation(drive, f"step(s) {sorted(reached)} failed for good, run completed")
@@ -1172,6 +1379,27 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=lambda text: [int(i) for i in text.split(",")],
         help="drive only these runs of the seed's plans (indexes, as in s<seed>r<index>)",
     )
+    parser.add_argument(
+        "--store",
+        choices=["redis", "sentinel"],
+        default="redis",
+        help="the store: one Redis, or a master, a replica and three sentinels (failed over)",
+    )
+    parser.add_argument(
+        "--broker",
+        choices=["redis", "amqp"],
+        default="redis",
+        help="the broker: the store's Redis, or a RabbitMQ node of the run's own (disturbed)",
+    )
+    parser.add_argument(
+        "--failover-every", type=float, default=20.0, help="seconds between Sentinel failovers"
+    )
+    parser.add_argument(
+        "--broker-fault-every",
+        type=float,
+        default=25.0,
+        help="seconds between RabbitMQ faults (connections dropped, node restarted, in turn)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args(argv)
 
@@ -1208,8 +1436,21 @@ def main(argv: list[str] | None = None) -> int:
     drives: list[Drive] = []
     try:
         chaos.start()
+        where = f"redis {chaos.redis.port}"
+        if chaos.sentinels is not None:
+            master, replica = chaos.sentinels.ports
+            where = (
+                f"store on Sentinel (master {master}, replica {replica}, sentinels "
+                f"{','.join(map(str, chaos.sentinels.sentinel_ports))}; failover every "
+                f"{args.failover_every:g}s), ledger on redis {chaos.redis.port}"
+            )
+        if chaos.rabbit is not None:
+            where += (
+                f", broker RabbitMQ node {chaos.rabbit.name} on {chaos.rabbit.port} (a fault "
+                f"every {args.broker_fault_every:g}s)"
+            )
         print(
-            f"started: redis {chaos.redis.port}, {args.workers} workers x {args.concurrency}"
+            f"started: {where}, {args.workers} workers x {args.concurrency}"
             f" and a turn worker x {args.turn_concurrency}, {time.monotonic() - started:.1f}s"
         )
         chaos.start_threads()
@@ -1241,6 +1482,9 @@ def main(argv: list[str] | None = None) -> int:
         longest_down = chaos.longest_down
         reaped = dict(chaos.reaped)
         reaped_runs = dict(chaos.reaped_runs)
+        disturbed = dict(chaos.disturbed)
+        disturb_failures = list(chaos.disturb_failures)
+        retried = dict(chaos.retried)
     finally:
         chaos.shutdown()
     elapsed = time.monotonic() - started
@@ -1265,6 +1509,15 @@ def main(argv: list[str] | None = None) -> int:
         f"made again after their turn worker was killed), "
         f"{hosted.get('early_refused', 0)} early irreversible calls refused"
     )
+    if args.store != "redis" or args.broker != "redis":
+        print(
+            "disturbed: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(disturbed.items())) or "nothing")
+            + f" (the longest took {chaos.longest_disturbance:.1f}s); the agent retried: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(retried.items())) or "nothing")
+        )
+    for failure in disturb_failures:
+        print(f"disturbance failed: {failure}")
     for pid in unplanned:
         print(f"turn worker {pid} died without a planned kill")
     for failure in restart_failures:
@@ -1311,6 +1564,11 @@ def main(argv: list[str] | None = None) -> int:
             "kills": kills,
             "stats": stats,
             "restarts": restarts,
+            "store": args.store,
+            "broker": args.broker,
+            "disturbed": disturbed,
+            "disturb_failures": disturb_failures,
+            "agent_retries": retried,
             "figures": {k: v for k, v in figures.items() if k != "reconciled"},
             "reconciled": dict(figures["reconciled"]),
             "violations": findings.violations,

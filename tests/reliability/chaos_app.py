@@ -67,6 +67,8 @@ STATS = f"{PREFIX}:stats"  # hash: what the tools injected (kills, failures)
 ANOMALIES = f"{PREFIX}:anomalies"  # list: things no correct caller can make a tool see
 #: Set in the workers' environment only: a tool kills its process only where this says so.
 WORKER_ENV = "SAGA_CHAOS_WORKER"
+#: Where the tools' side-effect ledger lives, when not on the store's Redis.
+LEDGER_ENV = "SAGA_CHAOS_LEDGER_URL"
 
 #: Fast policies keep the run short; the visibility timeout (6 s) stays far above them.
 FAST = RetryPolicy(attempts=3, backoff=0.1, backoff_max=0.5)
@@ -288,9 +290,11 @@ def configure(url: str) -> Ledger:
 
 def ledger() -> Ledger:
     if _ledger is None:
-        url = os.environ.get("SAGA_REDIS_URL") or os.environ.get("SAGA_BROKER_URL")
+        # The tools' own world: on the store's Redis, or (a store that fails over) on a Redis
+        # of its own, as a real tool's systems are not the saga's.
+        url = os.environ.get(LEDGER_ENV) or os.environ.get("SAGA_REDIS_URL")
         if not url:
-            raise RuntimeError("the chaos ledger needs SAGA_REDIS_URL (or configure(url))")
+            raise RuntimeError(f"the chaos ledger needs {LEDGER_ENV} or SAGA_REDIS_URL")
         return configure(url)
     return _ledger
 
@@ -436,7 +440,7 @@ def chaos_policy(transcript: Transcript, tools: Any) -> ModelTurn:
     run_id, index = str(script["run"]), len(transcript.turns)
     turn = index + 1
     book = ledger()
-    asked = book.client.hget(agent_key(run_id), f"{turn}:asked")
+    asked = _loop_asked(run_id, turn)
     with book.client.pipeline(transaction=True) as pipe:
         pipe.incr(model_calls_key(run_id, turn))
         pipe.rpush(model_log_key(run_id, turn), f"{os.getpid()} {asked or 0}")
@@ -479,6 +483,20 @@ def chaos_policy(transcript: Transcript, tools: Any) -> ModelTurn:
         raw={"turn": turn, "call": calls},
         stop_reason="tool_use",
     )
+
+
+def _loop_asked(run_id: str, turn: int) -> str | None:
+    """The loop's own count of asks of ``turn``, from the saga's store (not the ledger's
+    Redis, when the two differ), read again through a failover."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            value = saga.store.client.hget(agent_key(run_id), f"{turn}:asked")
+            return None if value is None else str(value)
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _give_up(book: Ledger, run_id: str, turn: int, why: str) -> None:

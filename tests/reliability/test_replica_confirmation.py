@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
@@ -36,6 +37,7 @@ from tests.reliability.test_crashes import credits_and_reversals, processed
 
 pytestmark = pytest.mark.timeout(120)
 
+T = TypeVar("T")
 CONFIRM = {"SAGA_REDIS_CONFIRM_REPLICAS": "1", "SAGA_REDIS_CONFIRM_TIMEOUT_MS": "200"}
 
 
@@ -129,7 +131,7 @@ def test_an_undo_no_replica_holds_yet_keeps_its_message_unacked_and_credits_once
     assert run.finish(timeout=20).state is RunState.COMPLETED
 
 
-def until_confirmed(call: Callable[[], bool], timeout: float = 20.0) -> bool:
+def until_confirmed(call: Callable[[], T], timeout: float = 20.0) -> T:
     """``call`` again while it is unavailable (the replica catching up): what a caller does
     with a retryable error."""
     deadline = time.monotonic() + timeout
@@ -180,6 +182,153 @@ def test_a_callers_write_no_replica_confirms_is_unavailable_and_converges_when_r
             assert replica.client.hget(run_keys(run_id)[0], "state") == "running"
     finally:
         store.client.close()
+
+
+def test_a_turn_asks_its_model_only_once_the_ask_is_on_a_replica_and_once_only(
+    replicated: tuple[Private, Replica],
+) -> None:
+    """A failover that lost a turn's ask would have the model asked again: the ask (and the
+    answer) count only once a replica holds them, and the same delivery's repeat counts once."""
+    from saga.client import Client
+    from saga.constants import TURN_QUEUE
+    from tests.reliability.test_hosted_crashes import APP, asked_per_turn, completed
+
+    # Given a hosted run enqueued while the replica answers, and no turn worker yet
+    env, replica = replicated
+    env.worker(APP, concurrency=2)
+    client = Client(broker_url=env.url + "/0", redis_url=env.url + "/0")
+    try:
+        run_id = client.enqueue_run("parallel", "Refund order 4921.")
+
+        # When the replica stops answering as a turn worker takes the first turn
+        replica.pause()
+        turns = env.worker(APP, concurrency=4, pool="threads", extra_args=["-Q", TURN_QUEUE])
+        wait_until(
+            lambda: "ask_model was confirmed by 0 of 1 replica(s)" in turns.log(),
+            what="the turn to wait for its ask's confirmation",
+        )
+        time.sleep(1.0)
+
+        # Then the model is not asked while no replica holds the ask (no answer waits to be
+        # recorded), and once the replica is back each turn's model is asked once
+        assert "record_answer was confirmed" not in turns.log()
+        assert client.get_run(run_id).turns == []
+        replica.resume()
+        completed(client, run_id, 60)
+        assert asked_per_turn(client, run_id) == {1: 1, 2: 1, 3: 1}
+        assert client.get_run(run_id).model_calls == 3
+    finally:
+        client.store.client.close()
+
+
+def test_a_call_whose_reservation_no_replica_holds_is_released_and_never_sent(
+    replicated: tuple[Private, Replica],
+) -> None:
+    """A failover would lose a reservation the master alone holds, and the caller's handle
+    would name a step that no longer exists: the step is confirmed before its message is sent;
+    unconfirmed, it is released, nothing sent, and the call is retryable."""
+    from saga import Saga
+    from tasks.tools import tools
+
+    # Given a caller that confirms its writes, and a run
+    env, replica = replicated
+    env.worker(concurrency=1)
+    settings = replace(env.saga.settings, replicas_to_confirm=1, replica_confirm_timeout_ms=200)
+    caller = Saga(env.saga.app, tools, settings)
+    try:
+        run = caller.start_run()
+
+        # When it calls the credit while no replica answers
+        replica.pause()
+        with pytest.raises(StoreUnavailableError, match="reserve was confirmed by 0 of 1"):
+            run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="x")
+
+        # Then the step is released with nothing sent: no credit, however long one waits
+        assert run.picture().step(1).state is StepState.NOT_DISPATCHED
+        time.sleep(1.5)
+        assert credits_and_reversals(run.run_id) == (0, 0)
+
+        # And once the replica is back, calling again credits once
+        replica.resume()
+        handle = until_confirmed(
+            lambda: run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="x")
+        )
+        assert handle.result(timeout=20)["amount_cents"] == CREDIT
+        assert credits_and_reversals(run.run_id) == (1, 0)
+    finally:
+        caller.store.client.close()
+
+
+def test_a_reaped_abort_no_replica_confirms_is_looked_at_again_at_the_next_pass(
+    replicated: tuple[Private, Replica],
+) -> None:
+    """The reaper's abort of an abandoned run stands on the master unconfirmed (the run is
+    ``unwinding``, no chain sent): it must be looked at again soon, not in five minutes."""
+    from saga import Saga
+    from saga.constants import ACTIVE_RUNS_KEY
+    from tasks.tools import tools
+
+    # Given a run with a credit, abandoned by its agent, and a reaper that confirms its writes
+    env, replica = replicated
+    env.worker(concurrency=1)
+    settings = replace(env.saga.settings, replicas_to_confirm=1, replica_confirm_timeout_ms=200)
+    reaper = Saga(env.saga.app, tools, settings)
+    try:
+        run = env.saga.start_run(deadline=1.0)
+        run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="x").result(timeout=20)
+        time.sleep(1.5)
+
+        # When the reaper aborts it while no replica answers
+        replica.pause()
+        report = reaper.reap()
+
+        # Then the abort stands on the master, unconfirmed, and the run is due again at once
+        assert [r for r, _ in report.broken] == [run.run_id]
+        assert "confirmed by 0 of 1" in report.broken[0][1]
+        assert run.state() is RunState.UNWINDING
+        due = reaper.store.client.zscore(ACTIVE_RUNS_KEY, run.run_id)
+        assert due is not None and due - reaper.store.now(exact=True) < 5
+
+        # And once the replica is back, the next passes send the unwind: the credit reversed
+        replica.resume()
+
+        def compensated() -> bool:
+            reaper.reap()
+            return run.state() is RunState.COMPENSATED
+
+        wait_until(compensated, timeout=30, what="the reaper to unwind the run")
+        assert credits_and_reversals(run.run_id) == (1, 1)
+    finally:
+        reaper.store.client.close()
+
+
+def test_a_confirmation_covers_the_writes_of_other_connections_too(
+    replicated: tuple[Private, Replica],
+) -> None:
+    """``WAIT`` counts the writes of its own connection only: a pool that lends the ``WAIT``
+    another connection than the write's (another thread took that one back meanwhile) would
+    call a write no replica holds confirmed. The confirmation writes first on its own."""
+    env, replica = replicated
+    settings = replace(Settings(), replicas_to_confirm=1, replica_confirm_timeout_ms=100)
+    store = RunStore.for_settings(settings, env.url + "/0")
+    other = redis.Redis.from_url(env.url + "/0")
+    try:
+        # Given the store's connection open, having written nothing, and a paused replica
+        store.client.ping()
+        replica.pause()
+
+        # When a write is made on another connection (as another thread's would be)
+        other.set("saga:test:written-elsewhere", "1")
+
+        # Then the store's confirmation does not call it held
+        with pytest.raises(StoreUnavailableError, match="confirmed by 0 of 1"):
+            store.confirm("a write made on another connection")
+        replica.resume()
+        until_confirmed(lambda: store.confirm("the same, the replica back"))
+        assert replica.client.get("saga:test:written-elsewhere") == "1"
+    finally:
+        store.client.close()
+        other.close()
 
 
 def test_a_worker_that_would_wait_for_missing_replicas_says_so_at_start_up(

@@ -218,3 +218,41 @@ def test_a_requeue_of_keys_gone_back_in_time_is_refused_and_undoes_nothing(
     assert escalation is not None and escalation.reason == REASON_STORE_BEHIND
     time.sleep(1.0)  # a reversal sent by mistake would have landed by now
     assert credits_and_reversals(run.run_id) == (1, 0)
+
+
+def test_a_step_the_store_forgot_beginning_is_reconciled_by_its_lookup_never_judged_unstarted(
+    private: Callable[..., Private],
+) -> None:
+    """A failover can lose a step's begin and its outcome while its message is acked (a time
+    limit cut the delivery's wait for an unconfirmed write short): the store says the step was
+    never begun, its credit is real. The reaper asks the tool's lookup before judging it never
+    started, finds the credit, and the unwind reverses it."""
+    from saga.constants import tool_task_name
+
+    # Given a credit reserved, its keys as they were then, and the step run by a real worker
+    env = private()
+    env.worker(concurrency=1)
+    run = env.saga.start_run(deadline=1.0)
+    tool, args = CREDIT_CALL
+    step = hand_reserve(env, run.run_id, tool, args)
+    before = snapshot(env, run.run_id)
+    env.saga.app.send_task(
+        tool_task_name(tool),
+        kwargs={"run_id": run.run_id, "step": step, "args": args},
+        task_id=f"{run.run_id}:{step}",
+    )
+    wait_until(lambda: run.picture().step(step).state.value == "succeeded", what="the credit")
+
+    # When the store goes back to the reservation (the step "dispatched", nothing on the stack)
+    go_back(env, run.run_id, before)
+    assert run.picture().step(step).state.value == "dispatched"
+    assert credits_and_reversals(run.run_id) == (1, 0)
+    time.sleep(1.5)
+
+    # Then the reaper finds the credit by its key instead of calling the step never started,
+    # and the unwind reverses it once
+    report = env.saga.reap()
+    assert report.never_started == []
+    assert report.in_doubt == [(run.run_id, step, "happened")]
+    assert run.wait(timeout=30).state is RunState.COMPENSATED
+    assert credits_and_reversals(run.run_id) == (1, 1)
