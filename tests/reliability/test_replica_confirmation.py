@@ -24,7 +24,7 @@ from typing import TypeVar
 import pytest
 import redis
 
-from saga import RunState, Settings
+from saga import RunState, Saga, Settings
 from saga.aio_transport import AsyncRunStore
 from saga.constants import run_keys
 from saga.errors import ConfigurationError, StoreUnavailableError
@@ -89,6 +89,19 @@ def replicated(
         for worker in env.workers:
             worker.kill()
         replica.stop()
+
+
+@pytest.fixture
+def confirming(replicated: tuple[Private, Replica]) -> Iterator[Saga]:
+    """A caller (or a reaper) on the replicated saga's store that confirms its writes with the
+    replica, as its workers do."""
+    from tasks.tools import tools
+
+    env, _ = replicated
+    settings = replace(env.saga.settings, replicas_to_confirm=1, replica_confirm_timeout_ms=200)
+    made = Saga(env.saga.app, tools, settings)
+    yield made
+    made.store.client.close()
 
 
 def test_an_undo_no_replica_holds_yet_keeps_its_message_unacked_and_credits_once(
@@ -222,84 +235,70 @@ def test_a_turn_asks_its_model_only_once_the_ask_is_on_a_replica_and_once_only(
 
 
 def test_a_call_whose_reservation_no_replica_holds_is_released_and_never_sent(
-    replicated: tuple[Private, Replica],
+    replicated: tuple[Private, Replica], confirming: Saga
 ) -> None:
     """A failover would lose a reservation the master alone holds, and the caller's handle
     would name a step that no longer exists: the step is confirmed before its message is sent;
     unconfirmed, it is released, nothing sent, and the call is retryable."""
-    from saga import Saga
-    from tasks.tools import tools
-
     # Given a caller that confirms its writes, and a run
     env, replica = replicated
     env.worker(concurrency=1)
-    settings = replace(env.saga.settings, replicas_to_confirm=1, replica_confirm_timeout_ms=200)
-    caller = Saga(env.saga.app, tools, settings)
-    try:
-        run = caller.start_run()
+    run = confirming.start_run()
 
-        # When it calls the credit while no replica answers
-        replica.pause()
-        with pytest.raises(StoreUnavailableError, match="reserve was confirmed by 0 of 1"):
-            run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="x")
+    # When it calls the credit while no replica answers
+    replica.pause()
+    with pytest.raises(StoreUnavailableError, match="reserve was confirmed by 0 of 1"):
+        run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="x")
 
-        # Then the step is released with nothing sent: no credit, however long one waits
-        assert run.picture().step(1).state is StepState.NOT_DISPATCHED
-        time.sleep(1.5)
-        assert credits_and_reversals(run.run_id) == (0, 0)
+    # Then the step is released with nothing sent: no credit, however long one waits
+    assert run.picture().step(1).state is StepState.NOT_DISPATCHED
+    time.sleep(1.5)
+    assert credits_and_reversals(run.run_id) == (0, 0)
 
-        # And once the replica is back, calling again credits once
-        replica.resume()
-        handle = until_confirmed(
-            lambda: run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="x")
-        )
-        assert handle.result(timeout=20)["amount_cents"] == CREDIT
-        assert credits_and_reversals(run.run_id) == (1, 0)
-    finally:
-        caller.store.client.close()
+    # And once the replica is back, calling again credits once
+    replica.resume()
+    handle = until_confirmed(
+        lambda: run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="x")
+    )
+    assert handle.result(timeout=20)["amount_cents"] == CREDIT
+    assert credits_and_reversals(run.run_id) == (1, 0)
 
 
 def test_a_reaped_abort_no_replica_confirms_is_looked_at_again_at_the_next_pass(
-    replicated: tuple[Private, Replica],
+    replicated: tuple[Private, Replica], confirming: Saga
 ) -> None:
     """The reaper's abort of an abandoned run stands on the master unconfirmed (the run is
     ``unwinding``, no chain sent): it must be looked at again soon, not in five minutes."""
-    from saga import Saga
     from saga.constants import ACTIVE_RUNS_KEY
-    from tasks.tools import tools
 
     # Given a run with a credit, abandoned by its agent, and a reaper that confirms its writes
     env, replica = replicated
     env.worker(concurrency=1)
-    settings = replace(env.saga.settings, replicas_to_confirm=1, replica_confirm_timeout_ms=200)
-    reaper = Saga(env.saga.app, tools, settings)
-    try:
-        run = env.saga.start_run(deadline=1.0)
-        run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="x").result(timeout=20)
-        time.sleep(1.5)
+    reaper = confirming
+    run = env.saga.start_run(deadline=1.0)
+    run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="x").result(timeout=20)
+    time.sleep(1.5)
 
-        # When the reaper aborts it while no replica answers
-        replica.pause()
-        report = reaper.reap()
+    # When the reaper aborts it while no replica answers
+    replica.pause()
+    report = reaper.reap()
 
-        # Then the abort stands on the master, unconfirmed, and the run is due again at once
-        assert [r for r, _ in report.broken] == [run.run_id]
-        assert "confirmed by 0 of 1" in report.broken[0][1]
-        assert run.state() is RunState.UNWINDING
-        due = reaper.store.client.zscore(ACTIVE_RUNS_KEY, run.run_id)
-        assert due is not None and due - reaper.store.now(exact=True) < 5
+    # Then the abort stands on the master, unconfirmed, and the run is due again at once
+    assert [r for r, _ in report.broken] == [run.run_id]
+    assert "confirmed by 0 of 1" in report.broken[0][1]
+    assert run.state() is RunState.UNWINDING
+    due = reaper.store.client.zscore(ACTIVE_RUNS_KEY, run.run_id)
+    assert due is not None and due - reaper.store.now(exact=True) < 5
 
-        # And once the replica is back, the next passes send the unwind: the credit reversed
-        replica.resume()
+    # And once the replica is back, the next passes send the unwind: the credit reversed
+    replica.resume()
 
-        def compensated() -> bool:
-            reaper.reap()
-            return run.state() is RunState.COMPENSATED
+    def compensated() -> bool:
+        reaper.reap()
+        return run.state() is RunState.COMPENSATED
 
-        wait_until(compensated, timeout=30, what="the reaper to unwind the run")
-        assert credits_and_reversals(run.run_id) == (1, 1)
-    finally:
-        reaper.store.client.close()
+    wait_until(compensated, timeout=30, what="the reaper to unwind the run")
+    assert credits_and_reversals(run.run_id) == (1, 1)
 
 
 def test_a_confirmation_covers_the_writes_of_other_connections_too(
