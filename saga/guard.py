@@ -23,6 +23,7 @@ from typing import Any
 import redis
 from sqlalchemy.exc import SQLAlchemyError
 
+from saga.agents.lease import TURN_LEASE_SECONDS
 from saga.broker_queues import queue_conflicts
 from saga.celery_amqp import CONSUMER_TIMEOUT_ENV, consumer_timeout
 from saga.core import Core
@@ -289,6 +290,46 @@ def warn_unconfirmable_writes(core: Core) -> None:
             floor,
             wanted,
         )
+
+
+#: What a Sentinel failover takes beyond its ``down-after-milliseconds``: the election, the
+#: promotion, and the clients finding the new master (about 1-2 s measured here; margin kept).
+FAILOVER_BEYOND_DOWN_AFTER = 5.0
+
+
+def lease_failover_problem(core: Core) -> str | None:
+    """On a Sentinel store: whether a failover can outlast a hosted turn's asking lease. The
+    keeper cannot renew it while no master answers; a lease that runs out there lets another
+    delivery ask the model again before the keeper takes it back (``saga.agents.lease``)."""
+    pool = core.store.client.connection_pool
+    manager, master = getattr(pool, "sentinel_manager", None), getattr(pool, "service_name", "")
+    if manager is None:
+        return None
+    lease = min(core.lease_seconds, TURN_LEASE_SECONDS)
+    for sentinel in manager.sentinels:
+        try:
+            down_after = float(sentinel.sentinel_master(master)["down-after-milliseconds"]) / 1000
+        except (redis.RedisError, KeyError, TypeError, ValueError):
+            continue  # another sentinel may answer
+        if down_after + FAILOVER_BEYOND_DOWN_AFTER < lease:
+            return None
+        return (
+            f"a failover of master {master!r} takes its down-after-milliseconds "
+            f"({down_after:g} s) and more, longer than a hosted turn's asking lease "
+            f"({lease:g} s, the task time limit plus the lease margin, at most "
+            f"{TURN_LEASE_SECONDS:g} s): a model call running across it may be asked a second "
+            "time. Lower down-after-milliseconds or raise SAGA_TASK_TIME_LIMIT "
+            "(docs/durability.md)"
+        )
+    return None
+
+
+def warn_lease_outlasted_by_failover(core: Core) -> None:
+    """The worker's start-up: warn, never refuse (nothing is applied twice; a model call may
+    be paid for twice), when ``lease_failover_problem`` finds one."""
+    problem = lease_failover_problem(core)
+    if problem is not None:
+        logger.warning("saga: %s", problem)
 
 
 def unknown_tools(core: Core) -> list[str]:

@@ -26,12 +26,15 @@ class TurnScripts(StoreCore):
         lease = turn_lease_key(run_id, turn)
         return str(self._call("ask_model", run_id, turn, lease_ms, token, most, extra=lease).status)
 
-    def renew_turn_lease(self, run_id: str, turn: int, token: str, lease_seconds: float) -> bool:
-        """Extend the turn's lease if ``token`` still holds it; False if it does not."""
+    def renew_turn_lease(self, run_id: str, turn: int, token: str, lease_seconds: float) -> str:
+        """Extend the turn's lease if ``token`` still holds it: ``ok``; ``retaken`` when the
+        lease had run out with nobody else holding it and the turn unanswered (the store was
+        away longer than the lease); ``lost`` when another delivery holds it, or the turn is
+        answered."""
         lease_ms = max(1, int(lease_seconds * 1000))
         lease = turn_lease_key(run_id, turn)
-        outcome = self._call("turn_lease", run_id, "renew", token, lease_ms, extra=lease)
-        return outcome.status == "ok"
+        outcome = self._call("turn_lease", run_id, "renew", token, lease_ms, turn, extra=lease)
+        return str(outcome.status)
 
     def release_turn_lease(self, run_id: str, turn: int, token: str) -> None:
         """End the turn's lease if ``token`` still holds it (a model call with no answer)."""

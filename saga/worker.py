@@ -47,6 +47,7 @@ from saga.guard import (
     broker_queue_problems,
     configuration_problems,
     records_schema_problems,
+    warn_lease_outlasted_by_failover,
     warn_stale_shapes,
     warn_unconfirmable_writes,
     warn_unknown_tools,
@@ -125,6 +126,7 @@ def install(
         warn_stale_shapes(core)  # logs what an unwind would meet; never refuses
         warn_unknown_tools(core)  # names what callers know and this worker lacks
         warn_unconfirmable_writes(core)  # too few replicas for SAGA_REDIS_CONFIRM_REPLICAS
+        warn_lease_outlasted_by_failover(core)  # a turn's lease shorter than a failover
         if problems:
             message = "saga: refusing to start the worker:\n  - " + "\n  - ".join(problems)
             logger.critical(message)

@@ -9,9 +9,16 @@ delivery (a repeated ``enqueue_run``, a revival, a redelivery) would ask the mod
 So the lease is short and renewed: a keeper thread per process extends every lease its model
 calls hold, a third of the lease at a time, and only while the token is still the holder's.
 When the asker dies, the renewals stop with it and the lease runs out within one lease length,
-after which another delivery may ask. The one case left is Redis being unreachable for longer
-than a lease while the call runs: the keeper then cannot renew, the hold is marked lost and
-logged, and the answer still only counts if it is the first recorded (``record_answer.lua``).
+after which another delivery may ask.
+
+The case left is the store away for longer than a lease while the call runs (a failover whose
+election outlasts it): the keeper cannot renew, and the lease runs out on the new master. So a
+keeper whose renewal failed tries again every ``_RETRY_AWAY`` seconds, not a third of a lease
+later, and a renewal that finds the lease gone, nobody else holding it and the turn unanswered
+takes it back (``turn_lease.lua``). Only a delivery that asks in the moment between the store's
+return and that renewal asks the model a second time: the hold is then marked lost and logged,
+and the answer still only counts if it is the first recorded (``record_answer.lua``). A lease
+longer than the store's longest failover closes it (``docs/durability.md``).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ logger = logging.getLogger("saga.agents")
 #: How long a turn's asking lease lasts without renewal: how soon another delivery may ask
 #: once the asker died. Renewed every third of it while the call runs.
 TURN_LEASE_SECONDS = 60.0
+#: How soon a keeper tries again after a renewal the store did not answer.
+_RETRY_AWAY = 0.5
 
 
 @dataclass
@@ -76,27 +85,39 @@ class LeaseKeeper:
             with self._changed:
                 self._by_id.pop(id(hold), None)
 
-    def renew_all(self) -> None:
-        """One pass: extend every lease still held by its token; mark the others lost."""
+    def renew_all(self) -> bool:
+        """One pass: extend every lease still held by its token; mark the others lost. False
+        when the store did not answer a renewal (the keeper then tries again soon)."""
         with self._changed:
             holds = list(self._by_id.values())
+        answered = True
         for hold in holds:
             try:
                 kept = self.store.renew_turn_lease(hold.run_id, hold.turn, hold.token, hold.seconds)
-            except SagaError as exc:  # Redis away: try again next pass, while the lease lasts
+            except SagaError as exc:  # Redis away: try again soon, while the lease lasts
                 logger.warning(
                     "run %s turn %d: lease not renewed (%s)", hold.run_id, hold.turn, exc
                 )
+                answered = False
                 continue
-            if not kept and not hold.lost:
+            if kept == "retaken":
+                logger.warning(
+                    "run %s turn %d: the asking lease ran out while the store was away; "
+                    "taken back under the model call still running",
+                    hold.run_id,
+                    hold.turn,
+                )
+            elif kept != "ok" and not hold.lost:
                 hold.lost = True
                 logger.error(
                     "run %s turn %d: the asking lease ran out under a model call still running",
                     hold.run_id,
                     hold.turn,
                 )
+        return answered
 
     def _run(self) -> None:
+        answered = True
         while True:
             with self._changed:
                 while not self._by_id:
@@ -105,8 +126,10 @@ class LeaseKeeper:
                         self._thread = None
                         return
                 self._interval = min(h.seconds for h in self._by_id.values()) / 3
+                if not answered:
+                    self._interval = min(self._interval, _RETRY_AWAY)
                 self._changed.wait(timeout=self._interval)
-            self.renew_all()
+            answered = self.renew_all()
 
 
 _keepers: weakref.WeakKeyDictionary[RunStore, LeaseKeeper] = weakref.WeakKeyDictionary()

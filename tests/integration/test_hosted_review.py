@@ -20,9 +20,9 @@ from saga.agents import ChatModelPolicy, ModelTurn, ScriptedPolicy, ToolCall, la
 from saga.agents.hosted import Again, run_turn
 from saga.agents.turn_state import LoopState, TurnStore, document
 from saga.client import Client
-from saga.constants import TURN_QUEUE, agent_key, run_keys
+from saga.constants import TURN_QUEUE, agent_key, run_keys, turn_lease_key
 from saga.core import Core
-from saga.errors import ApprovalError
+from saga.errors import ApprovalError, StoreUnavailableError
 from saga.model import RunState
 from tasks import systems
 from tasks.agents import CREDIT, REPLY
@@ -188,6 +188,73 @@ def test_a_model_call_longer_than_its_lease_is_asked_once(
     state = LoopState.parse(world.picture(run_id).agent)
     assert state is not None and state.asked == {1: 1} and state.model_calls == 1
     assert world.picture(run_id).state is RunState.COMPLETED
+
+
+def test_a_lease_that_ran_out_while_the_store_was_away_is_taken_back_by_its_asker(
+    world: Saga, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store does not answer the keeper's renewals for longer than the lease (a failover's
+    election) while the model thinks, and the lease runs out: once the store answers again,
+    the keeper takes the lease back, so the delivery that comes next waits for the answer
+    instead of asking the model a second time."""
+    monkeypatch.setattr(Core, "lease_seconds", property(lambda self: 0.6))
+    GATE.asked, GATE.answer = 0, threading.Event()
+    run_id = start(world, "review_thinker")
+    lease = turn_lease_key(run_id, 1)
+    renew = world.store.renew_turn_lease
+    away = threading.Event()
+    away.set()
+
+    def renew_unless_away(*args: Any) -> str:
+        if away.is_set():
+            raise StoreUnavailableError("the store is failing over")
+        return renew(*args)
+
+    monkeypatch.setattr(world.store, "renew_turn_lease", renew_unless_away)
+    first = threading.Thread(target=play, args=(world, run_id, 1), daemon=True)
+    first.start()
+    wait_until(lambda: GATE.asked == 1, 10, "the model to be asked")
+    token = world.store.client.get(lease)
+    wait_until(lambda: world.store.client.get(lease) is None, 10, "the lease to run out")
+
+    away.clear()
+    wait_until(lambda: world.store.client.get(lease) == token, 10, "the asker to take it back")
+    second = play(world, run_id, 1)
+    GATE.answer.set()
+    first.join(10)
+
+    assert second == Again(2.0, model_attempt=False)
+    assert play(world, run_id, 1) is None
+    assert GATE.asked == 1
+    state = LoopState.parse(world.picture(run_id).agent)
+    assert state is not None and state.asked == {1: 1} and state.model_calls == 1
+    assert world.store.client.get(lease) is None  # recording the answer released it
+
+
+def test_a_lease_is_not_taken_back_once_another_delivery_asked_or_the_turn_is_answered(
+    world: Saga,
+) -> None:
+    """A renewal that finds the lease gone takes it back only while nobody holds it and the
+    turn has no answer: another delivery's lease, or a recorded answer, stands."""
+    run_id = start(world, "review_credit_then_done")
+    lease = turn_lease_key(run_id, 1)
+    assert world.store.ask_model(run_id, 1, 5.0, "the-first") == "ok"
+    world.store.client.delete(lease)  # ran out while the store was away
+    assert world.store.ask_model(run_id, 1, 5.0, "the-second") == "ok"
+    assert world.store.renew_turn_lease(run_id, 1, "the-first", 5.0) == "lost"
+    assert world.store.client.get(lease) == "the-second"
+
+    world.store.client.delete(lease)
+    assert world.store.renew_turn_lease(run_id, 1, "the-first", 5.0) == "retaken"
+    assert world.store.client.get(lease) == "the-first"
+    assert world.store.renew_turn_lease(run_id, 1, "the-first", 5.0) == "ok"
+
+    assert play(world, run_id, 1) == Again(2.0, model_attempt=False)  # busy: the first's
+    world.store.release_turn_lease(run_id, 1, "the-first")
+    assert play(world, run_id, 1) is None  # answered now
+    assert world.store.renew_turn_lease(run_id, 1, "the-first", 5.0) == "lost"
+    assert world.store.client.get(lease) is None
+    settled(world, run_id)
 
 
 def test_an_answer_that_comes_after_the_run_ended_is_not_kept(world: Saga) -> None:

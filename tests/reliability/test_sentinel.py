@@ -24,7 +24,7 @@ from saga import Saga, Settings
 from saga.aio import AsyncClient
 from saga.client import Client
 from saga.constants import TURN_QUEUE, run_keys
-from saga.guard import configuration_problems
+from saga.guard import configuration_problems, lease_failover_problem
 from saga.model import RunState
 from saga.redis_urls import kombu_url, redis_client
 from saga.stack import RunStore
@@ -183,6 +183,27 @@ def test_a_demo_run_completes_and_the_next_one_after_a_failover_too(
     finally:
         on_new.close()
         on_old.close()
+
+
+def test_the_guard_warns_when_a_failover_may_outlast_a_turns_asking_lease(
+    cluster: SentinelCluster, world: tuple[Saga, dict[str, str]]
+) -> None:
+    """The sentinels' ``down-after-milliseconds`` (1 s here) plus a failover's election is
+    shorter than the turn's lease (the tests' time limit plus the margin): no warning. At
+    10 s, longer than that lease, the worker's start-up names both and what to change."""
+    saga, _ = world
+    assert lease_failover_problem(saga.core) is None
+    sentinels = [cluster.sentinel(port) for port in cluster.sentinel_ports]
+    try:
+        for sentinel in sentinels:
+            sentinel.execute_command("SENTINEL", "SET", MASTER, "down-after-milliseconds", 10000)
+        problem = lease_failover_problem(saga.core)
+        assert problem is not None
+        assert "down-after-milliseconds (10 s)" in problem and "asked a second time" in problem
+    finally:
+        for sentinel in sentinels:
+            sentinel.execute_command("SENTINEL", "SET", MASTER, "down-after-milliseconds", 1000)
+            sentinel.close()
 
 
 def _faults(saga: Saga, monkeypatch: pytest.MonkeyPatch) -> Faults:
