@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import weakref
 from types import TracebackType
-from typing import Any, cast
 
 from saga import metrics
 from saga.agents.launch import checked_run, first_turn_due, first_turn_not_sent, send_turn
@@ -45,7 +44,7 @@ from saga.client import (
     turn_of,
     unwind_not_sent,
 )
-from saga.constants import CREATED_RUNS_KEY, agent_key, ended_key, run_keys
+from saga.constants import agent_key, ended_key, run_keys
 from saga.errors import ConfigurationError, UnknownRunError, WaitTimeoutError
 from saga.model import RunState
 from saga.run_rows import Position, RunFilter, index_score, micros
@@ -164,13 +163,8 @@ class AsyncClient:
         batch = limit + 1
         while len(found) < limit:
             top = "+inf" if bound is None else index_score(bound.created_us)
-            with reachable("list_runs"):
-                raw = await self.redis.zrevrangebyscore(
-                    CREATED_RUNS_KEY, top, "-inf", start=0, num=batch, withscores=True
-                )
-            entries = [
-                Position(micros(float(score)), str(run)) for run, score in cast(list[Any], raw)
-            ]
+            raw = await self._store.newest(top, "-inf", batch)
+            entries = [Position(micros(score), run_id) for run_id, score in raw]
             fresh = [p for p in entries if bound is None or p < bound]
             if not fresh and len(entries) == batch:
                 batch *= 2  # a batch of runs created in the same microsecond as the bound

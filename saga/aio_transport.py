@@ -15,23 +15,39 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
+
+from redis.asyncio.cluster import PipelineCommand, RedisCluster
 
 from saga.agents.launch import published_entry
 from saga.client import no_run
-from saga.constants import AGENTS_KEY, CONFIRM_PROBE_KEY, agent_key, run_keys, script_keys
+from saga.constants import (
+    AGENTS_KEY,
+    CONFIRM_PROBE_KEY,
+    INDEX_LAYOUT_KEY,
+    agent_key,
+    confirm_probe_key,
+    run_keys,
+    script_keys,
+)
+from saga.errors import ConfigurationError
 from saga.picture import RunPicture
 from saga.redis_urls import async_client
 from saga.run_rows import ROW_FIELDS, Position, RunRow, row_of_head
 from saga.settings import Settings
 from saga.stack import (
     HEAD_FIELDS,
+    UNSHARDED_INDEXES,
     ReplicaConfirmation,
     RunHead,
     head_of,
+    layout_mismatch,
+    merge_newest,
     outcome_of,
     picture_of,
     queue_create,
+    queue_indexes,
+    queue_script,
     raise_first_error,
     reachable,
     read_picture,
@@ -73,17 +89,49 @@ class AsyncRunStore:
         self.confirmation = ReplicaConfirmation(
             settings.replicas_to_confirm, settings.replica_confirm_timeout_ms
         )
+        self.clustered = isinstance(self.redis, RedisCluster)
+        self.layout = settings.index_layout()
+        self._layout_checked = False
 
-    async def _confirm(self, script: str) -> None:
+    async def _confirm(self, script: str, run_id: str) -> None:
         """``RunStore``'s wait for the replicas (``ReplicaConfirmation``), awaited."""
         if self.confirmation.wanted(script):
             wanted = self.confirmation
-            # On one connection, after a write of its own (``StoreCore._wait_for_replicas``).
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.incr(CONFIRM_PROBE_KEY)
-                pipe.wait(wanted.replicas, wanted.timeout_ms)
-                confirmed = (await pipe.execute())[-1]
+            # On one connection, after a write of its own (``StoreCore._wait_for_replicas``);
+            # on a cluster, the master of the run's slot.
+            if self.clustered:
+                # The node's own pipeline: both commands on one of its connections.
+                probe = confirm_probe_key(run_id)
+                node = self.redis.get_node_from_key(probe)  # type: ignore[attr-defined]
+                commands = [
+                    PipelineCommand(0, "SET", probe, "1", "PX", max(wanted.timeout_ms * 2, 60_000)),
+                    PipelineCommand(1, "WAIT", wanted.replicas, wanted.timeout_ms),
+                ]
+                await node.execute_pipeline(commands)
+                raise_first_error([command.result for command in commands])
+                confirmed = cast(int, commands[-1].result)
+            else:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.incr(CONFIRM_PROBE_KEY)
+                    pipe.wait(wanted.replicas, wanted.timeout_ms)
+                    confirmed = (await pipe.execute())[-1]
             self.confirmation.check(script, int(confirmed))
+
+    async def _check_layout(self) -> None:
+        """``RunStore.check_layout``, once per client: a mismatch is ``ConfigurationError``."""
+        if self._layout_checked:
+            return
+        with reachable("index_layout"):
+            recorded = await self.redis.get(INDEX_LAYOUT_KEY)
+            if recorded is None and self.layout.shards > 1:
+                if any([await self.redis.exists(key) for key in UNSHARDED_INDEXES]):
+                    raise ConfigurationError(layout_mismatch(1, self.layout.shards))
+                await self.redis.set(INDEX_LAYOUT_KEY, str(self.layout.shards), nx=True)
+                recorded = await self.redis.get(INDEX_LAYOUT_KEY)
+        found = int(recorded) if recorded is not None else 1
+        if found != self.layout.shards:
+            raise ConfigurationError(layout_mismatch(found, self.layout.shards))
+        self._layout_checked = True
 
     async def published(self, agent: str) -> dict[str, Any] | None:
         with reachable("published_agent"):
@@ -96,20 +144,28 @@ class AsyncRunStore:
     ) -> bool:
         """``RunStore.create`` for a hosted run: the same commands in one round trip, once
         more after loading the script if Redis did not have it (every one is safe to repeat)."""
+        await self._check_layout()
         created = f"{await self.now():.6f}"
         args = (0, deadline, agent, input, created, int(deadline_open))
         script = self._scripts["create"]
         with reachable("create"):
+            if self.clustered:  # the index shard and the run on two masters: indexes first
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    queue_indexes(pipe, self.layout, run_id, args)
+                    await pipe.execute()
             for attempt in (1, 2):
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    queue_create(pipe, script.sha, run_id, args)
+                    if self.clustered:
+                        queue_script(pipe, script.sha, run_id, args)
+                    else:
+                        queue_create(pipe, script.sha, run_id, args, self.layout)
                     answers: list[Any] = await pipe.execute(raise_on_error=False)
                 if attempt == 1 and script_missing(answers):
                     await self.redis.script_load(script.script)
                     continue
                 break
             raise_first_error(answers)
-            await self._confirm("create")
+            await self._confirm("create", run_id)
         return str(answers[-1]) == "1"
 
     async def script(self, name: str, run_id: str, *args: Any) -> Any:
@@ -117,7 +173,7 @@ class AsyncRunStore:
         keys = script_keys(run_id)
         with reachable(name):
             raw = await self._scripts[name](keys=keys, args=list(args))
-            await self._confirm(name)
+            await self._confirm(name, run_id)
         return outcome_of(name, run_id, raw, args)
 
     async def picture(self, run_id: str) -> RunPicture:
@@ -132,6 +188,15 @@ class AsyncRunStore:
     async def head(self, run_id: str) -> RunHead | None:
         with reachable("head"):
             return head_of(await self.redis.hmget(run_keys(run_id)[0], HEAD_FIELDS))
+
+    async def newest(self, top: str, bottom: str, batch: int) -> list[tuple[str, float]]:
+        """``RunStore.newest``, awaited."""
+        await self._check_layout()
+        with reachable("list_runs"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key in self.layout.every("created"):
+                    pipe.zrevrangebyscore(key, top, bottom, start=0, num=batch, withscores=True)
+                return merge_newest(await pipe.execute(), batch)
 
     async def rows(self, candidates: Sequence[Position]) -> list[RunRow]:
         """The listing's rows of the runs whose keys are still there."""

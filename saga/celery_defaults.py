@@ -30,8 +30,19 @@ from typing import Any
 
 from saga import celery_amqp
 from saga.constants import AGENT_TURN_TASK, REAP_TASK, START_UNWIND_TASK, TURN_QUEUE
-from saga.redis_urls import SENTINEL_SCHEMES, is_tls, kombu_url, sentinel_transport_options
-from saga.settings import DEFAULT_REDIS_URL, broker_url_from_env, redis_url_from_env
+from saga.redis_urls import (
+    SENTINEL_SCHEMES,
+    is_cluster,
+    is_tls,
+    kombu_url,
+    sentinel_transport_options,
+)
+from saga.settings import (
+    DEFAULT_REDIS_URL,
+    broker_url_from_env,
+    check_not_cluster,
+    redis_url_from_env,
+)
 
 __all__ = [
     "accept_content",
@@ -70,9 +81,16 @@ __all__ = [
 _redis = redis_url_from_env("SAGA_REDIS_URL", DEFAULT_REDIS_URL)
 # (SAGA_REDIS_PASSWORD is Redis's: a RabbitMQ URL's is SAGA_BROKER_PASSWORD, or its own.)
 _broker = broker_url_from_env(_redis)
+check_not_cluster(
+    "SAGA_BROKER_URL" if os.environ.get("SAGA_BROKER_URL") else "SAGA_REDIS_URL", _broker
+)
 _amqp = celery_amqp.amqp_settings(_broker)
-# Results never go to RabbitMQ (Celery has no such backend): to the stack's Redis unless told.
-_backend = redis_url_from_env("SAGA_RESULT_BACKEND", _redis if _amqp else _broker)
+# Results never go to RabbitMQ's queues as Celery's amqp backend (gone from Celery): to the
+# stack's Redis unless told, or over RabbitMQ's replies (rpc://) when that Redis is a cluster,
+# which Celery's Redis backend cannot use either. saga's own tasks keep no results.
+_results_default = ("rpc://" if is_cluster(_redis) else _redis) if _amqp else _broker
+_backend = redis_url_from_env("SAGA_RESULT_BACKEND", _results_default)
+check_not_cluster("SAGA_RESULT_BACKEND", _backend)
 # A redis+sentinel:// URL in kombu's spelling (sentinel://...;sentinel://...), the master's
 # name in the transport options below (docs/deployment.md, "Sentinel").
 broker_url, result_backend = kombu_url(_broker), kombu_url(_backend)

@@ -31,7 +31,7 @@ from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
 from saga.redis_urls import is_tls, kombu_url, sentinel_transport_options
 from saga.rules import not_undone
-from saga.settings import Settings, broker_url_from_env
+from saga.settings import Settings, broker_url_from_env, check_not_cluster
 from saga.stack import Outcome, RunStore, reachable
 from saga.transport import use_pooled_client_transport
 from saga.validation import check_agent_name, check_deadline, check_name, check_text
@@ -219,6 +219,7 @@ def resolved(
 def broker_app(broker_url: str, redis_url: str = "") -> Celery:
     """A Celery app that only sends, by task name: no tool code is imported. A Sentinel
     broker's master is ``SAGA_REDIS_SENTINEL_MASTER``, else the one ``redis_url`` names."""
+    check_not_cluster("the broker's URL", broker_url)
     kombu = kombu_url(broker_url)
     app = Celery("saga-client", broker=kombu, set_as_current=False)
     app.conf.update(

@@ -7,6 +7,9 @@ Cluster, where all keys a script touches must sit in one slot.
 
 from __future__ import annotations
 
+import zlib
+from dataclasses import dataclass
+
 KEY_PREFIX = "saga"
 #: Written (an INCR) just before each replica confirmation's ``WAIT``, on the same connection:
 #: ``WAIT`` counts only its own connection's writes (``saga.store_scripts``).
@@ -49,6 +52,11 @@ WEB_TOKEN_SESSIONS_PREFIX = f"{KEY_PREFIX}:web:sessions-of:"
 WEB_SESSION_STREAMS_PREFIX = f"{KEY_PREFIX}:web:streams-of:"
 #: The key that signs the login form's CSRF value, made once by whichever server first needs it.
 WEB_LOGIN_KEY = f"{KEY_PREFIX}:web:login-key"
+#: How many ways the cross-run indexes (the reaper's, the listing's, the awaiting-approval one)
+#: are sharded on this store, written once by the first process that shards them (absent: one
+#: shard, the unsharded keys above). A process configured otherwise refuses to start
+#: (``saga.store_indexes``), so no index is ever half-read.
+INDEX_LAYOUT_KEY = f"{KEY_PREFIX}:index-layout"
 #: Fault-injection rules and their counters (saga.testing), read only when explicitly enabled.
 FAULTS_KEY = f"{KEY_PREFIX}:{{testing}}:faults"
 FAULT_COUNTS_KEY = f"{KEY_PREFIX}:{{testing}}:fault-counts"
@@ -150,3 +158,55 @@ def compensation_idempotency_key(run_id: str, step: int) -> str:
 def notice_task_id(escalation_id: str, sink: str) -> str:
     """The Celery task id of a notice: the same on every send, so Flower shows one task."""
     return f"{escalation_id}:notify:{sink}"
+
+
+def confirm_probe_key(run_id: str) -> str:
+    """The replica confirmation's probe on a Redis Cluster, in the run's slot: ``WAIT`` is per
+    node, so the probe must be written on the node that took the run's writes."""
+    return f"{KEY_PREFIX}:{{{run_id}}}:confirm"
+
+
+@dataclass(frozen=True)
+class IndexLayout:
+    """Where the cross-run indexes live: ``shards`` sorted sets of each kind, a run's entries
+    in shard ``crc32(run_id) % shards`` of every kind.
+
+    One shard is the unsharded keys (``ACTIVE_RUNS_KEY`` ...), what a store has always had.
+    More are ``saga:{ix-<k>}:active`` and so on: each shard's three keys share one hash tag,
+    so on a Redis Cluster a shard is one slot, and the shards spread over the masters (the
+    reaper's and the listing's hot keys no longer sit on one node)."""
+
+    shards: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.shards <= 1024:
+            raise ValueError(f"the index shards must be 1 to 1024, not {self.shards}")
+
+    def shard_of(self, run_id: str) -> int:
+        return zlib.crc32(run_id.encode()) % self.shards if self.shards > 1 else 0
+
+    def _key(self, shard: int, kind: str, unsharded: str) -> str:
+        return unsharded if self.shards == 1 else f"{KEY_PREFIX}:{{ix-{shard}}}:{kind}"
+
+    def active(self, shard: int) -> str:
+        return self._key(shard, "active", ACTIVE_RUNS_KEY)
+
+    def created(self, shard: int) -> str:
+        return self._key(shard, "created", CREATED_RUNS_KEY)
+
+    def awaiting(self, shard: int) -> str:
+        return self._key(shard, "awaiting-approval", AWAITING_APPROVAL_KEY)
+
+    def active_of(self, run_id: str) -> str:
+        return self.active(self.shard_of(run_id))
+
+    def created_of(self, run_id: str) -> str:
+        return self.created(self.shard_of(run_id))
+
+    def awaiting_of(self, run_id: str) -> str:
+        return self.awaiting(self.shard_of(run_id))
+
+    def every(self, kind: str) -> list[str]:
+        """Every shard's key of ``kind`` (``active``, ``created``, ``awaiting``)."""
+        key = {"active": self.active, "created": self.created, "awaiting": self.awaiting}[kind]
+        return [key(shard) for shard in range(self.shards)]

@@ -315,7 +315,7 @@ class Core(Dispatcher):
         # process's conclusion, standing there only): recorded in SQL and then lost with a
         # failover, SQL would tell of an end Redis never reached. Unconfirmed in time, it is
         # StoreUnavailableError and the record is written later (the reaper tries again).
-        self.store.confirm("the run's end, before its record")
+        self.store.confirm("the run's end, before its record", run_id)
         try:
             escalation = self.records.record_outcome(picture)
         except StaleRecordError as exc:  # read before the run moved on; its newer record stands

@@ -85,7 +85,7 @@ class Dispatcher:
         try:
             # With replica confirmation on, the step's reservation is on a replica before its
             # message exists: a failover never loses a step whose handle the caller holds.
-            self.store.confirm("reserve")
+            self.store.confirm("reserve", run_id)
         except StoreUnavailableError as exc:
             self._unsend(run_id, step, tool_name, exc)
             raise

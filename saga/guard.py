@@ -27,10 +27,11 @@ from saga.agents.lease import TURN_LEASE_SECONDS
 from saga.broker_queues import queue_conflicts
 from saga.celery_amqp import CONSUMER_TIMEOUT_ENV, consumer_timeout
 from saga.core import Core
-from saga.errors import DatabaseSchemaError
+from saga.errors import ConfigurationError, DatabaseSchemaError, StoreUnavailableError
 from saga.records import migrations
 from saga.retry import RetryPolicy
 from saga.settings import Settings, is_amqp_url
+from saga.stack import RunStore
 from saga.stale_shapes import stale_shapes
 from saga.tool_hosts import caller_tools
 
@@ -71,6 +72,19 @@ def configuration_problems(
     for store in stores:
         problems += _eviction_problems(store)
     return problems
+
+
+def index_layout_problems(store: RunStore) -> list[str]:
+    """The store's cross-run indexes sharded otherwise than this worker would shard them
+    (``SAGA_INDEX_SHARDS``): it would index its runs where the others never look. A store
+    that does not answer is the eviction check's to report."""
+    try:
+        store.check_layout(force=True)
+    except ConfigurationError as exc:
+        return [str(exc)]
+    except StoreUnavailableError:
+        pass
+    return []
 
 
 def records_schema_problems(settings: Settings) -> list[str]:

@@ -1,10 +1,10 @@
 """Runs newest first, from Redis and SQL together, a page at a time.
 
 A run is in Redis from its start until its keys expire (its retention after it ended), indexed
-by creation time (``saga:created``, written in the round trip that creates the run), and in
-SQL once it ended; where both have it, Redis is the fresher (a requeued run is unwinding in
-Redis while SQL still says escalated). One function answers ``saga runs``,
-``Client.list_runs``, the HTTP API and the console.
+by creation time (``saga:created``, or its shards, merged by ``RunStore.newest``; written in the
+round trip that creates the run), and in SQL once it ended; where both have it, Redis is the
+fresher (a requeued run is unwinding in Redis while SQL still says escalated). One function
+answers ``saga runs``, ``Client.list_runs``, the HTTP API and the console.
 
 Order and cursor: (created, run_id), both descending, as ``saga.run_rows`` (the rows, their
 order and the filter) has them. A cursor names the last row of a page, and the next page starts
@@ -22,12 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import and_, exists, or_, select
 from sqlalchemy.orm import Session
 
-from saga.constants import CREATED_RUNS_KEY, agent_key, run_keys
+from saga.constants import agent_key, run_keys
 from saga.records import RecordStore
 from saga.records.models import EscalationRecord, RunRecord, RunStepRecord
 from saga.run_rows import (
@@ -117,11 +117,8 @@ def _redis_rows(store: RunStore, where: RunFilter, after: Position | None) -> _S
             top = index_score(bound.created_us)
         else:
             top = "+inf" if where.until is None else "(" + index_score(micros(where.until))
-        with reachable("list_runs"):
-            raw = store.client.zrevrangebyscore(
-                CREATED_RUNS_KEY, top, bottom, start=0, num=batch, withscores=True
-            )
-        entries = [(Position(micros(float(s)), str(r))) for r, s in cast(list[Any], raw)]
+        raw = store.newest(top, bottom, batch)
+        entries = [Position(micros(score), run_id) for run_id, score in raw]
         fresh = [p for p in entries if bound is None or p < bound]
         if not fresh and len(entries) == batch:
             batch *= 2  # a batch of runs created in the same microsecond as the bound

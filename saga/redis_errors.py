@@ -12,7 +12,16 @@ UNBLOCKED) only a message, and a pipeline prefixes the message with the failed c
 from __future__ import annotations
 
 import redis
-from redis.exceptions import ClusterDownError, MasterDownError, ReadOnlyError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    MasterDownError,
+    ReadOnlyError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 __all__ = ["FAILOVER_CODES", "FailoverError", "error_code", "failover_answer", "unavailable"]
 
@@ -20,9 +29,19 @@ __all__ = ["FAILOVER_CODES", "FailoverError", "error_code", "failover_answer", "
 #: anything changed on this side: no good replicas (``min-replicas-to-write``), a demoted
 #: master (READONLY), a replica whose master is away (``replica-serve-stale-data no``), a
 #: server loading its data set, a blocked BRPOP cut short by a demotion, a cluster resharding
-#: or without a quorum.
+#: or without a quorum, a slot that moved.
 FAILOVER_CODES = frozenset(
-    {"NOREPLICAS", "READONLY", "MASTERDOWN", "LOADING", "UNBLOCKED", "TRYAGAIN", "CLUSTERDOWN"}
+    {
+        "NOREPLICAS",
+        "READONLY",
+        "MASTERDOWN",
+        "LOADING",
+        "UNBLOCKED",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "MOVED",
+        "ASK",
+    }
 )
 
 #: What redis-py puts before a command's own error in a pipeline's.
@@ -52,6 +71,10 @@ def failover_answer(exc: BaseException) -> bool:
     works, the server cannot take the command for now)."""
     if isinstance(exc, ReadOnlyError | MasterDownError | ClusterDownError | TryAgainError):
         return True
+    # A slot moving (MOVED, ASK) that outlived the cluster client's own redirections: the
+    # client learns the new layout, and the same command a moment later reaches its master.
+    if isinstance(exc, AskError):  # MovedError is one
+        return True
     return isinstance(exc, redis.ResponseError) and error_code(exc) in FAILOVER_CODES
 
 
@@ -63,4 +86,10 @@ def unavailable(exc: BaseException) -> bool:
         return False
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError | ConnectionResetError):
         return True  # LOADING is redis-py's BusyLoadingError, a ConnectionError
+    # A cluster client that gave up redirecting and reconnecting (its retries spent while a
+    # master failed over), or that knows no master for a slot yet: the cluster is away.
+    if isinstance(exc, ClusterError | SlotNotCoveredError):
+        return True
+    if isinstance(exc, RedisClusterException) and "connect" in str(exc).lower():
+        return True
     return failover_answer(exc)

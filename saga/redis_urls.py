@@ -1,4 +1,5 @@
-"""Every Redis client saga opens from a URL: a plain server's, or a Sentinel deployment's.
+"""Every Redis client saga opens from a URL: a plain server's, a Sentinel deployment's, or a
+Redis Cluster's.
 
 A Sentinel URL names the sentinels and the master's name, never the master's address, so
 that the client asks the sentinels where the master is on every new connection and follows a
@@ -13,6 +14,14 @@ failover by itself (redis-py's ``Sentinel.master_for``). Two spellings are read:
 The sentinels' own password (when they have one: ``requirepass`` in sentinel.conf) is
 ``SAGA_REDIS_SENTINEL_PASSWORD`` (or ``..._FILE``): read here, when a client is made, so that it
 never sits in ``Settings.redis_options``, which is logged.
+
+A cluster URL names seed nodes, any of the cluster's (the client learns every slot's master
+from them, and follows ``MOVED`` and a failover by itself: redis-py's ``RedisCluster``):
+
+- ``redis+cluster://[[user]:password@]host1:port1,host2:port2[/0]`` (``rediss+cluster://``
+  for TLS). A cluster has database 0 only; the password is every node's
+  (``SAGA_REDIS_PASSWORD`` fills it in). The store alone may be a cluster: kombu's Redis
+  transport has no cluster mode, so the broker is RabbitMQ or a plain or Sentinel Redis.
 
 Why a failover never leaves a write on the demoted master: Sentinel kills every client
 connection of the instances it reconfigures, so each connection is opened again, and redis-py's
@@ -32,21 +41,28 @@ from urllib.parse import quote, unquote, urlsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
 import redis.asyncio.sentinel as aiosentinel
+import redis.cluster as cluster
 import redis.sentinel as sentinel
+from redis.exceptions import RedisClusterException
 
 from saga.env_secrets import secret_from_env
-from saga.errors import ConfigurationError
+from saga.errors import ConfigurationError, StoreUnavailableError
 
 __all__ = [
+    "CLUSTER_SCHEMES",
+    "ClusterUrl",
     "MASTER_ENV",
     "PASSWORD_ENV",
     "SentinelConnection",
     "SentinelSSLConnection",
     "SentinelUrl",
     "async_client",
+    "is_cluster",
     "is_tls",
     "kombu_url",
+    "parse_cluster",
     "parse_sentinel",
     "redis_client",
     "sentinel_transport_options",
@@ -57,6 +73,8 @@ PASSWORD_ENV = "SAGA_REDIS_SENTINEL_PASSWORD"
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 KOMBU_SCHEME = "sentinel"
 DEFAULT_SENTINEL_PORT = 26379
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+DEFAULT_REDIS_PORT = 6379
 
 
 @dataclass(frozen=True)
@@ -85,18 +103,18 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _address(text: str) -> tuple[str, int]:
-    """``host[:port]`` (``[v6]:port`` too), the port Sentinel's own by default."""
+def _address(text: str, default: int = DEFAULT_SENTINEL_PORT) -> tuple[str, int]:
+    """``host[:port]`` (``[v6]:port`` too), the port ``default`` (Sentinel's) if none."""
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")
         port = rest.removeprefix(":")
     else:
         host, _, port = text.partition(":")
     if not host:
-        raise ConfigurationError(f"a sentinel's address is empty in {text!r}")
+        raise ConfigurationError(f"an address is empty in {text!r}")
     if port and not port.isdigit():
-        raise ConfigurationError(f"the sentinel port must be a number, got {port!r}")
-    return host, int(port or DEFAULT_SENTINEL_PORT)
+        raise ConfigurationError(f"the port must be a number, got {port!r}")
+    return host, int(port or default)
 
 
 def _db(text: str) -> int:
@@ -154,9 +172,50 @@ def parse_sentinel(url: str, master: str | None = None) -> SentinelUrl | None:
     )
 
 
+@dataclass(frozen=True)
+class ClusterUrl:
+    """What a cluster URL says: its seed nodes, and the credentials every node takes."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+
+
+def is_cluster(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster (``redis+cluster://``, ``rediss+cluster://``)."""
+    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
+
+
+def parse_cluster(url: str) -> ClusterUrl | None:
+    """The cluster ``url`` names, or None when it names no cluster. ``ConfigurationError``
+    when it is malformed (no node, a port that is no number, a database other than 0)."""
+    scheme, sep, rest = url.partition("://")
+    if not (sep and scheme.lower() in CLUSTER_SCHEMES):
+        return None
+    if "?" in rest or "#" in rest:
+        raise ConfigurationError("a cluster URL takes no ?options (use the settings)")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    user, _, password = userinfo.partition(":") if at else ("", "", "")
+    if path.strip("/") not in ("", "0"):
+        raise ConfigurationError(
+            f"a Redis Cluster has database 0 only, not {path.strip('/')!r}: "
+            "give each deployment a cluster (or a key prefix) of its own"
+        )
+    if not hosts:
+        raise ConfigurationError("a cluster URL names no node: redis+cluster://host:port,...")
+    return ClusterUrl(
+        tuple(_address(host, DEFAULT_REDIS_PORT) for host in hosts.split(",")),
+        unquote(user) or None,
+        unquote(password) if at and ":" in userinfo else None,
+        scheme.lower() == "rediss+cluster",
+    )
+
+
 def is_tls(url: str) -> bool:
     """Whether ``url`` asks for TLS (the certificate settings then apply)."""
-    return url.startswith(("rediss://", "rediss+sentinel://"))
+    return url.startswith(("rediss://", "rediss+sentinel://", "rediss+cluster://"))
 
 
 def kombu_url(url: str) -> str:
@@ -263,10 +322,44 @@ def _master_options(found: SentinelUrl, options: dict[str, Any]) -> dict[str, An
     return kwargs
 
 
+def _cluster_options(found: ClusterUrl, options: dict[str, Any]) -> dict[str, Any]:
+    kwargs = {k: v for k, v in options.items() if k not in ("db", "sentinel_kwargs")}
+    if found.username:
+        kwargs["username"] = found.username
+    if found.password is not None:
+        kwargs["password"] = found.password
+    if found.tls:
+        kwargs["ssl"] = True
+    return kwargs
+
+
+def _cluster_client(found: ClusterUrl, blocking: bool, options: dict[str, Any]) -> redis.Redis:
+    """A ``RedisCluster`` on ``found``'s seeds: each node's pool waits for a free connection
+    when ``blocking``. redis-py runs a pipeline's transaction on a cluster (all of one run's
+    keys share a slot) only from 6.2 on."""
+    if not hasattr(cluster, "TransactionStrategy"):
+        raise ConfigurationError(
+            f"a Redis Cluster store needs redis-py 6.2 or newer (installed: {redis.__version__})"
+        )
+    kwargs = _cluster_options(found, options)
+    if blocking:
+        kwargs["connection_pool_class"] = redis.BlockingConnectionPool
+    seeds = [cluster.ClusterNode(host, port) for host, port in found.nodes]  # type: ignore[no-untyped-call,unused-ignore]
+    try:
+        client = cluster.RedisCluster(startup_nodes=seeds, **kwargs)
+    except (redis.RedisError, RedisClusterException) as exc:
+        raise StoreUnavailableError(f"no node of the Redis Cluster answered: {exc}") from exc
+    # (RedisCluster speaks redis.Redis's commands; its type is not a subclass.)
+    return client  # type: ignore[return-value]
+
+
 def redis_client(url: str, *, blocking: bool = False, **options: Any) -> redis.Redis:
-    """A client of the Redis ``url`` names (the master, for a Sentinel URL). ``blocking``: a
-    pool that waits ``timeout`` seconds for a free connection (of ``max_connections``)
-    instead of failing at once."""
+    """A client of the Redis ``url`` names (the master, for a Sentinel URL; the cluster, for a
+    cluster URL). ``blocking``: a pool that waits ``timeout`` seconds for a free connection
+    (of ``max_connections``) instead of failing at once."""
+    clustered = parse_cluster(url)
+    if clustered is not None:
+        return _cluster_client(clustered, blocking, options)
     found = parse_sentinel(url)
     if found is None:
         if blocking:
@@ -288,6 +381,15 @@ def redis_client(url: str, *, blocking: bool = False, **options: Any) -> redis.R
 
 def async_client(url: str, *, blocking: bool = False, **options: Any) -> aioredis.Redis:
     """``redis_client`` for asyncio."""
+    clustered = parse_cluster(url)
+    if clustered is not None:
+        kwargs = _cluster_options(clustered, options)
+        kwargs.pop("timeout", None)  # (asyncio's cluster pools have no wait of their own)
+        seeds = [aiocluster.ClusterNode(host, port) for host, port in clustered.nodes]
+        node_client: aioredis.Redis = aiocluster.RedisCluster(  # type: ignore[assignment]
+            startup_nodes=seeds, **kwargs
+        )
+        return node_client
     found = parse_sentinel(url)
     if found is None:
         if blocking:

@@ -12,10 +12,18 @@ from pathlib import Path
 from typing import Self
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from saga.constants import IndexLayout
 from saga.env_secrets import secret_from_env as secret_from_env
 from saga.errors import ConfigurationError
 from saga.notify_settings import NotifySettings
-from saga.redis_urls import SENTINEL_SCHEMES, is_tls, parse_sentinel
+from saga.redis_urls import (
+    CLUSTER_SCHEMES,
+    SENTINEL_SCHEMES,
+    is_cluster,
+    is_tls,
+    parse_cluster,
+    parse_sentinel,
+)
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
@@ -110,9 +118,22 @@ def broker_url_from_env(default: str) -> str:
     return with_password(url, secret_from_env(name))
 
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, "sentinel")
+_REDIS_SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, "sentinel", *CLUSTER_SCHEMES)
 #: RabbitMQ brokers (kombu's py-amqp transport): never the stack's Redis.
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
+def check_not_cluster(name: str, url: str) -> None:
+    """``ConfigurationError`` when the broker's or the results' ``url`` names a Redis
+    Cluster: kombu's Redis transport and Celery's Redis backend have no cluster mode."""
+    if is_cluster(url):
+        raise ConfigurationError(
+            f"{name} names a Redis Cluster ({masked(url)!r}), which cannot be Celery's broker "
+            "or result backend (kombu and Celery have no cluster mode): the store may be on "
+            "the cluster (SAGA_REDIS_URL), and the broker is RabbitMQ (amqp://...), a plain "
+            "Redis (redis://...) or a Sentinel deployment (redis+sentinel://...); the results "
+            "a plain or Sentinel Redis (docs/deployment.md, 'Redis Cluster')"
+        )
 
 
 def is_amqp_url(url: str) -> bool:
@@ -129,6 +150,11 @@ def check_redis_url(name: str, url: str) -> None:
             return
     except ConfigurationError as exc:
         raise ConfigurationError(f"{name}={shown!r} is not a Sentinel URL: {exc}") from None
+    try:
+        if parse_cluster(url) is not None:  # a cluster's: checked in full
+            return
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{name}={shown!r} is not a Redis Cluster URL: {exc}") from None
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - parsing it is the check
@@ -148,6 +174,12 @@ def database_url_from_env() -> str:
     """``SAGA_DATABASE_URL`` with ``SAGA_DATABASE_PASSWORD`` (or ``..._FILE``) put in."""
     url = os.environ.get("SAGA_DATABASE_URL") or default_database_url()
     return with_password(url, secret_from_env("SAGA_DATABASE_PASSWORD"))
+
+
+#: The index shards on a Redis Cluster unless ``SAGA_INDEX_SHARDS`` says otherwise: enough
+#: slots to spread the reaper's and the listing's writes over a few dozen masters, few enough
+#: that reading every shard (a listing's page, the reaper's pass) stays one short pipeline.
+CLUSTER_INDEX_SHARDS = 16
 
 
 @dataclass(frozen=True)
@@ -192,11 +224,23 @@ class Settings:
     #: ``min-replicas-to-write`` on the master (``docs/deployment.md``).
     replicas_to_confirm: int = 0
     replica_confirm_timeout_ms: int = 1000
+    #: How many ways the cross-run indexes are sharded (``saga.constants.IndexLayout``); 0:
+    #: the store's default, 1 on one Redis or Sentinel, ``CLUSTER_INDEX_SHARDS`` on a Redis
+    #: Cluster. Every process of a deployment must agree: one that does not refuses to start.
+    index_shards: int = 0
     #: Who is told of escalations besides the ERROR log (``SAGA_NOTIFY_*``).
     notifications: NotifySettings = field(default_factory=NotifySettings)
     #: ``module[:attr]`` of the application's ``Saga`` (``SAGA_APP``): the ``--app`` of the
     #: ``saga`` commands an escalation prints. Empty: found among the imported modules.
     app: str = ""
+
+    def index_layout(self) -> IndexLayout:
+        """The cross-run indexes' layout these settings give (``index_shards``)."""
+        shards = self.index_shards or (CLUSTER_INDEX_SHARDS if is_cluster(self.redis_url) else 1)
+        try:
+            return IndexLayout(shards)
+        except ValueError as exc:
+            raise ConfigurationError(f"SAGA_INDEX_SHARDS: {exc}") from None
 
     def __repr__(self) -> str:
         """Every setting, the URLs' passwords masked: a Settings is logged and shown."""
@@ -248,6 +292,7 @@ class Settings:
             replica_confirm_timeout_ms=_env_int(
                 "SAGA_REDIS_CONFIRM_TIMEOUT_MS", cls.replica_confirm_timeout_ms
             ),
+            index_shards=_env_int("SAGA_INDEX_SHARDS", cls.index_shards),
             notifications=NotifySettings.from_env(),
             app=env.get("SAGA_APP", "").strip(),
         )

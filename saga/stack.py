@@ -14,13 +14,19 @@ store's entry point: the composed class, and the names its callers import from h
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from saga.constants import IndexLayout
 from saga.picture import CompensationRecord, RunPicture, RunView, StepRecord
 from saga.redis_urls import redis_client
 from saga.settings import Settings
+from saga.store_indexes import UNSHARDED_INDEXES as UNSHARDED_INDEXES
 from saga.store_indexes import RunIndexes
+from saga.store_indexes import layout_mismatch as layout_mismatch
+from saga.store_indexes import merge_newest as merge_newest
 from saga.store_indexes import queue_create as queue_create
+from saga.store_indexes import queue_indexes as queue_indexes
 from saga.store_reads import HEAD_FIELDS as HEAD_FIELDS
 from saga.store_reads import RunHead, RunReads
 from saga.store_reads import head_of as head_of
@@ -68,16 +74,21 @@ class RunStore(RunIndexes, RunReads, RunTransitions, TurnScripts):
         retention_seconds: int,
         *,
         confirmation: ReplicaConfirmation | None = None,
+        layout: IndexLayout | None = None,
         **options: Any,
     ) -> RunStore:
         """A store on ``url`` whose connection pool waits for a free connection instead of
         raising (redis-py caps a plain pool at 100, and a web app with more threads waiting
         on results would see its calls fail). ``?max_connections=N`` in the URL sets the cap.
-        A Sentinel URL (``saga.redis_urls``) gives a client of whichever server is master.
-        ``confirmation``: the replicas that must hold the writes that count."""
+        A Sentinel URL (``saga.redis_urls``) gives a client of whichever server is master, a
+        cluster URL one of the cluster. ``confirmation``: the replicas that must hold the
+        writes that count; ``layout``: how the cross-run indexes are sharded (by default, one
+        shard on one Redis or Sentinel, ``CLUSTER_INDEX_SHARDS`` on a cluster)."""
         options = {"max_connections": _MAX_CONNECTIONS, "timeout": _POOL_WAIT, **options}
         client = redis_client(url, blocking=True, decode_responses=True, **options)
-        return cls(client, retention_seconds, confirmation)
+        if layout is None:
+            layout = Settings(redis_url=url).index_layout()
+        return cls(client, retention_seconds, confirmation, layout)
 
     @classmethod
     def for_settings(cls, settings: Settings, url: str | None = None) -> RunStore:
@@ -88,5 +99,6 @@ class RunStore(RunIndexes, RunReads, RunTransitions, TurnScripts):
             confirmation=ReplicaConfirmation(
                 settings.replicas_to_confirm, settings.replica_confirm_timeout_ms
             ),
+            layout=replace(settings, redis_url=url or settings.redis_url).index_layout(),
             **settings.redis_options,
         )

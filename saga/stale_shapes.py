@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from saga.constants import ACTIVE_RUNS_KEY, TOOL_TASK_PREFIX, TURN_QUEUE, run_keys
+from saga.constants import TOOL_TASK_PREFIX, TURN_QUEUE, run_keys
 from saga.core import Core
 from saga.errors import InvalidArgumentsError, UnknownToolError
 
@@ -83,9 +83,14 @@ def _scan_stacks(core: Core, scan: ShapeScan, limit: int) -> None:
     """The undos an unwind (running, unwinding) or a requeue (escalated, failed) may run."""
     client = core.store.client
     batch: list[str] = []
-    for member, _ in client.zscan_iter(ACTIVE_RUNS_KEY, count=_BATCH):
+    members = (
+        member
+        for key in core.store.layout.every("active")
+        for member, _ in client.zscan_iter(key, count=_BATCH)
+    )
+    for member in members:
         if scan.runs + len(batch) >= limit:
-            total = int(client.zcard(ACTIVE_RUNS_KEY))
+            total = core.store.active_count()
             scan.not_scanned.append(f"the stacks of {total - limit} run(s) past the first {limit}")
             break
         batch.append(str(member))

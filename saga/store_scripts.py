@@ -21,10 +21,17 @@ from importlib import resources
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisClusterException
 
-from saga.constants import CONFIRM_PROBE_KEY, script_keys, settled_key
+from saga.constants import (
+    CONFIRM_PROBE_KEY,
+    IndexLayout,
+    confirm_probe_key,
+    script_keys,
+    settled_key,
+)
 from saga.errors import ConfigurationError, StoreUnavailableError
 from saga.machine import lua_tables
 from saga.redis_errors import unavailable
@@ -168,10 +175,15 @@ class StoreCore:
         client: redis.Redis,
         retention_seconds: int,
         confirmation: ReplicaConfirmation | None = None,
+        layout: IndexLayout | None = None,
     ) -> None:
         self.client = client
         self.retention_seconds = retention_seconds
         self.confirmation = confirmation or ReplicaConfirmation()
+        #: A Redis Cluster: commands on keys of different slots never share a transaction,
+        #: and a pipeline over several nodes keeps no order between them.
+        self.clustered = isinstance(client, RedisCluster)
+        self.layout = layout or IndexLayout()
         self._scripts = _load_scripts(client)
         self._offset = 0.0
         self._offset_measured = float("-inf")
@@ -186,34 +198,52 @@ class StoreCore:
             keys.append(extra)
         with reachable(script):
             raw = self._scripts[script](keys=keys, args=list(args))
-            self._confirm(script)
+            self._confirm(script, run_id)
         return outcome_of(script, run_id, raw, args)
 
-    def confirm(self, what: str) -> None:
+    def confirm(self, what: str, run_id: str) -> None:
         """Wait for the replicas to hold every write made so far, as after a write that counts
         (``ReplicaConfirmation``; nothing to wait for without it): ``StoreUnavailableError``
         when fewer hold it in time. For a write that counts only at some moments (a step's
         reservation, once its message is about to be sent)."""
         if self.confirmation.replicas:
             with reachable(what):
-                self._wait_for_replicas(what)
+                self._wait_for_replicas(what, run_id)
 
-    def _confirm(self, script: str) -> None:
-        """Wait for the replicas to hold what ``script`` wrote, when it is a write that counts
-        (``ReplicaConfirmation``); inside the caller's ``reachable``."""
+    def _confirm(self, script: str, run_id: str) -> None:
+        """Wait for the replicas to hold what ``script`` wrote on ``run_id``'s keys, when it is
+        a write that counts (``ReplicaConfirmation``); inside the caller's ``reachable``."""
         if self.confirmation.wanted(script):
-            self._wait_for_replicas(script)
+            self._wait_for_replicas(script, run_id)
 
-    def _wait_for_replicas(self, what: str) -> None:
+    def _wait_for_replicas(self, what: str, run_id: str) -> None:
         """``WAIT`` counts the writes of its own connection only, and the pool may lend the
         ``WAIT`` another connection than the write's (another thread took that one back in
         between): so a write goes first on the same connection, one that follows every write
-        made so far in the replication stream (``CONFIRM_PROBE_KEY``)."""
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.incr(CONFIRM_PROBE_KEY)
-            pipe.wait(self.confirmation.replicas, self.confirmation.timeout_ms)
-            confirmed = pipe.execute()[-1]
-        self.confirmation.check(what, int(confirmed))
+        made so far in the replication stream (``CONFIRM_PROBE_KEY``). On a cluster ``WAIT``
+        is one node's: the probe is in the run's slot, sent to the master serving it."""
+        wanted = self.confirmation
+        if self.clustered:
+            probe = confirm_probe_key(run_id)
+            node = self.client.get_node_from_key(probe)  # type: ignore[attr-defined]
+            with node.redis_connection.pipeline(transaction=False) as pipe:
+                pipe.set(probe, "1", px=max(wanted.timeout_ms * 2, 60_000))
+                pipe.wait(wanted.replicas, wanted.timeout_ms)
+                confirmed = pipe.execute()[-1]
+        else:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.incr(CONFIRM_PROBE_KEY)
+                pipe.wait(wanted.replicas, wanted.timeout_ms)
+                confirmed = pipe.execute()[-1]
+        wanted.check(what, int(confirmed))
+
+    def servers(self) -> list[redis.Redis]:
+        """A client of each server holding the store: the master's, or on a cluster each
+        master's (what a check of the servers' own settings, eviction or AOF, must read)."""
+        if self.clustered:
+            primaries = self.client.get_primaries()  # type: ignore[attr-defined]
+            return [node.redis_connection for node in primaries]
+        return [self.client]
 
     def now(self, exact: bool = False) -> float:
         """The Redis server's clock, the one every script records: this host's clock corrected
@@ -232,7 +262,7 @@ class StoreCore:
         queue_script(pipe, self._scripts[name].sha, run_id, args)
 
     def _pipelined(
-        self, name: str, queue: Callable[[Any], None], *, transaction: bool
+        self, name: str, run_id: str, queue: Callable[[Any], None], *, transaction: bool
     ) -> list[Any]:
         """Run the commands ``queue`` puts on a pipeline (script ``name`` among them) in one
         round trip; once more after loading the script if Redis did not have it (it
@@ -247,7 +277,7 @@ class StoreCore:
                     continue
                 break
             raise_first_error(answers)
-            self._confirm(name)
+            self._confirm(name, run_id)
         return answers
 
 
@@ -295,7 +325,7 @@ def reachable(what: str) -> Iterator[None]:
         yield
     except redis.AuthenticationError as exc:  # retrying will not fix a wrong password
         raise ConfigurationError(f"the saga store refused the credentials ({what}): {exc}") from exc
-    except (redis.RedisError, ConnectionResetError) as exc:
+    except (redis.RedisError, ConnectionResetError, RedisClusterException) as exc:
         if not unavailable(exc):
             raise
         raise StoreUnavailableError(f"saga store unreachable ({what}): {exc}") from exc

@@ -222,7 +222,7 @@ class RunTransitions(StoreCore):
             self._queue_script(pipe, "conclude", run_id, args)
             read_picture(pipe, run_id)
 
-        raw, *read = self._pipelined("conclude", queue, transaction=True)
+        raw, *read = self._pipelined("conclude", run_id, queue, transaction=True)
         return outcome_of("conclude", run_id, raw, args), picture_of(run_id, read)
 
 

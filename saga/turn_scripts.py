@@ -8,7 +8,7 @@ apart, a change to the loop does not touch the saga's core transitions.
 
 from __future__ import annotations
 
-from saga.constants import ACTIVE_RUNS_KEY, AWAITING_APPROVAL_KEY, turn_lease_key
+from saga.constants import turn_lease_key
 from saga.store_scripts import Outcome, StoreCore, reachable
 
 
@@ -83,10 +83,10 @@ class TurnScripts(StoreCore):
 
     def request_approval(self, run_id: str, marker: str, request_json: str) -> bool:
         """Ask a person about the call ``marker`` (stamped with the Redis clock); first
-        writer wins. Indexed first (``AWAITING_APPROVAL_KEY``): a request the index missed
-        would be listed nowhere but on its run."""
+        writer wins. Indexed first (the run's shard of the awaiting-approval index): a request
+        the index missed would be listed nowhere but on its run."""
         with reachable("request_approval"):
-            self.client.zadd(AWAITING_APPROVAL_KEY, {run_id: self.now()}, nx=True)
+            self.client.zadd(self.layout.awaiting_of(run_id), {run_id: self.now()}, nx=True)
         return self._call("request_approval", run_id, marker, request_json).status == "ok"
 
     def expire_approval(self, run_id: str, marker: str, message: str) -> Outcome:
@@ -104,9 +104,10 @@ class TurnScripts(StoreCore):
             # Sooner only (ZADD LT needs Redis 6.2); a look that comes early is harmless: the
             # reaper reads the run's own deadline and schedules the next.
             due = float(outcome.values[0]) + deadline
-            current = self.client.zscore(ACTIVE_RUNS_KEY, run_id)
+            key = self.layout.active_of(run_id)
+            current = self.client.zscore(key, run_id)
             if current is None or due < float(current):
-                self.client.zadd(ACTIVE_RUNS_KEY, {run_id: due})
+                self.client.zadd(key, {run_id: due})
         return True
 
     def count_revival(self, run_id: str) -> int:

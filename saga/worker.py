@@ -46,6 +46,7 @@ from saga.forward import run_step
 from saga.guard import (
     broker_queue_problems,
     configuration_problems,
+    index_layout_problems,
     records_schema_problems,
     warn_lease_outlasted_by_failover,
     warn_stale_shapes,
@@ -174,8 +175,10 @@ def guard_problems(core: Core, check_redis: bool = True, check_broker: bool = Tr
     """What the start-up guard finds wrong with ``saga``'s app (``saga doctor`` asks too,
     ``check_redis=False`` and ``check_broker=False`` when it has looked at the stack's Redis
     and the broker's queues itself)."""
-    stores = [core.store.client] if check_redis else []
+    stores = core.store.servers() if check_redis else []
     problems = configuration_problems(core.app.conf, _delays(core), stores)
+    if check_redis:
+        problems += index_layout_problems(core.store)
     if check_broker:
         problems += broker_queue_problems(core.app)
     return problems + notify_task.configuration_problems(core.settings.notifications, core.app.conf)

@@ -8,7 +8,9 @@ The matrix (``make test-matrix``) runs the same tests on another broker or store
 ``SAGA_TEST_BROKER=amqp`` puts the session's worker on a vhost of the session's own on the
 machine's RabbitMQ (``SAGA_TEST_AMQP``), deleted afterwards; ``SAGA_TEST_STORE=sentinel``
 puts the stack, the broker and the results on a master, a replica and three sentinels the
-session starts on free ports and stops by PID.
+session starts on free ports and stops by PID; ``SAGA_TEST_STORE=cluster`` puts the stack on a
+Redis Cluster of three masters and three replicas the session starts (the broker and the
+results, which cannot be a cluster, stay on the machine's Redis, or the broker on RabbitMQ).
 """
 
 from __future__ import annotations
@@ -55,10 +57,10 @@ POSTGRES_URL = os.environ.get(
 TEST_BROKER = os.environ.get("SAGA_TEST_BROKER", "redis")
 TEST_STORE = os.environ.get("SAGA_TEST_STORE", "redis")
 AMQP = os.environ.get("SAGA_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672")
-if TEST_BROKER not in ("redis", "amqp") or TEST_STORE not in ("redis", "sentinel"):
+if TEST_BROKER not in ("redis", "amqp") or TEST_STORE not in ("redis", "sentinel", "cluster"):
     raise RuntimeError(
         f"SAGA_TEST_BROKER={TEST_BROKER!r} SAGA_TEST_STORE={TEST_STORE!r}: the broker is "
-        "redis or amqp, the store redis or sentinel"
+        "redis or amqp, the store redis, sentinel or cluster"
     )
 
 
@@ -93,6 +95,8 @@ def postgres_schema(prefix: str) -> Iterator[tuple[str, str]]:
 
 
 def redis_url_with_db(url: str, db: int) -> str:
+    if url.startswith(("redis+cluster://", "rediss+cluster://")):
+        return url  # a cluster has database 0 only: the session's cluster is its own
     return re.sub(r"(/\d+)?/?$", "", url, count=1) + f"/{db}"
 
 
@@ -127,6 +131,15 @@ def store_base() -> Iterator[str]:
         return
     if shutil.which("redis-server") is None:
         service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
+    if TEST_STORE == "cluster":
+        from tests.reliability.redis_cluster import RedisClusterNodes
+
+        with (
+            tempfile.TemporaryDirectory(prefix="saga-cluster-") as directory,
+            RedisClusterNodes(Path(directory)) as nodes,
+        ):
+            yield nodes.url()
+        return
     from tests.reliability.sentinel_cluster import SentinelCluster
 
     with (
@@ -164,11 +177,20 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 @pytest.fixture(scope="session")
 def broker_url(redis_url: str) -> Iterator[str | None]:
     """The session's broker: a vhost of its own with ``SAGA_TEST_BROKER=amqp``; otherwise
-    ``None`` on a Sentinel store (the broker follows ``SAGA_REDIS_URL`` through the sentinels)
-    and the test Redis on a plain one."""
+    ``None`` on a Sentinel store (the broker follows ``SAGA_REDIS_URL`` through the sentinels),
+    the machine's Redis (the session's database) beside a cluster store, and the test Redis on
+    a plain one."""
     if TEST_BROKER == "amqp":
         with rabbitmq_vhost("saga-session") as (_, url):
             yield url
+        return
+    if TEST_STORE == "cluster":
+        url = redis_url_with_db(MACHINE_REDIS, TEST_DB)
+        client = redis.Redis.from_url(url, socket_timeout=2)
+        client.flushdb()  # the session's own database, as the store's is flushed
+        yield url
+        client.flushdb()
+        client.close()
         return
     yield None if TEST_STORE == "sentinel" else redis_url
 
@@ -193,6 +215,8 @@ def saga_env(
         env["SAGA_BROKER_URL"] = broker_url
     if TEST_STORE == "redis" and TEST_BROKER == "redis":
         env["SAGA_RESULT_BACKEND"] = redis_url
+    if TEST_STORE == "cluster" and TEST_BROKER == "redis":
+        env["SAGA_RESULT_BACKEND"] = str(broker_url)
     followers = ("SAGA_BROKER_URL", "SAGA_RESULT_BACKEND")
     saved = {k: os.environ.get(k) for k in (*env, *followers)}
     for key in followers:

@@ -134,7 +134,7 @@ def run_turn(
         # Recorded by another delivery, maybe on a master no replica has confirmed it from
         # yet: acted on, then lost with a failover, the run would go on from an answer it
         # has no record of. Unconfirmed in time: the turn plays again from a fresh read.
-        core.store.confirm("the turn's recorded answer")
+        core.store.confirm("the turn's recorded answer", run_id)
     if answer is None:
         asked = _ask(core, turns, agent, picture, state, turn, attempt, delivery)
         if not isinstance(asked, ModelTurn):

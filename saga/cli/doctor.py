@@ -74,6 +74,8 @@ def run_checks(env: Env) -> list[Check]:
     settings = env.settings
     checks = _redis_checks(settings.redis_url, settings.redis_options)
     redis_up = checks[0].status == "ok"
+    if redis_up:
+        checks.append(_indexes_check(env))
     url = broker_url(saga, settings.redis_url)
     app = saga.app if saga is not None else bare_app(url)
     checks.append(broker_check(app, url))
@@ -101,26 +103,35 @@ def _redis_checks(url: str, options: dict[str, Any]) -> list[Check]:
     # Imported on use: `saga --help` loads none of a command's imports.
     import redis
 
-    from saga.redis_urls import redis_client
+    from saga.errors import StoreUnavailableError
+    from saga.redis_urls import is_cluster, redis_client
 
-    client = redis_client(
-        url,
-        socket_timeout=TIMEOUT,
-        socket_connect_timeout=TIMEOUT,
-        decode_responses=True,
-        **options,
-    )
     try:
+        client = redis_client(
+            url,
+            socket_timeout=TIMEOUT,
+            socket_connect_timeout=TIMEOUT,
+            decode_responses=True,
+            **options,
+        )
         client.ping()
     except redis.AuthenticationError as exc:
         return [Check("redis", "fail", f"{mask(url)} refused the credentials: {exc}", True)]
-    except redis.RedisError as exc:
+    except (redis.RedisError, StoreUnavailableError) as exc:
         return [Check("redis", "fail", f"{mask(url)} does not answer: {exc}", True)]
-    checks = [Check("redis", "ok", f"{mask(url)} answers")]
+    # On a cluster, each master's own settings: the worst of them is the store's.
+    servers = [client]
+    if is_cluster(url):
+        servers = [node.redis_connection for node in client.get_primaries()]  # type: ignore[attr-defined]
+    shape = f", a cluster of {len(servers)} masters" if is_cluster(url) else ""
+    checks = [Check("redis", "ok", f"{mask(url)} answers{shape}")]
     try:
         config: dict[str, str] = {}
-        for name in ("appendonly", "appendfsync", "maxmemory-policy"):
-            config.update(cast(dict[str, str], client.config_get(name)))
+        for server in servers:
+            for name in ("appendonly", "appendfsync", "maxmemory-policy"):
+                found = cast(dict[str, str], server.config_get(name))
+                if config.get(name) in (None, "yes", "always", "noeviction"):
+                    config.update(found)
     except redis.ResponseError as exc:
         unknown = f"CONFIG is not allowed here ({exc}): check appendonly and maxmemory-policy"
         return [*checks, Check("redis persistence", "warn", unknown)]
@@ -273,6 +284,23 @@ def _tool_names(tasks: list[str]) -> set[str]:
         for task in tasks
         if task.startswith(TOOL_TASK_PREFIX)
     }
+
+
+def _indexes_check(env: Env) -> Check:
+    """The cross-run indexes sharded as this process would shard them (``saga indexes``)."""
+
+    def probe() -> Check:
+        recorded = env.store.recorded_layout().shards
+        configured = env.settings.index_layout().shards
+        if recorded != configured:
+            detail = (
+                f"sharded {recorded} way(s) in the store, {configured} here (SAGA_INDEX_SHARDS): "
+                "workers configured so refuse to start; see `saga indexes reshard`"
+            )
+            return Check("indexes", "fail", detail)
+        return Check("indexes", "ok", f"sharded {recorded} way(s), as configured")
+
+    return _probe("indexes", probe)
 
 
 def _beat_check(env: Env, saga: Saga | None) -> Check:

@@ -16,6 +16,7 @@ from saga.cli.context import EXIT_CODES_HELP, Env, ExitCode, Failure
 from saga.cli.db import db
 from saga.cli.doctor import doctor
 from saga.cli.escalations import escalation, escalations
+from saga.cli.indexes import indexes
 from saga.cli.operate import reap, requeue, resolve
 from saga.cli.runs import runs, show
 from saga.cli.serve import serve
@@ -151,6 +152,7 @@ cli.add_command(resolve)
 cli.add_command(reap)
 cli.add_command(doctor)
 cli.add_command(db)
+cli.add_command(indexes)
 cli.add_command(tokens)
 cli.add_command(serve)
 

@@ -133,7 +133,7 @@ def open_session(ctx: WebContext, token: str) -> tuple[str, Session] | None:
     seconds, now = ctx.settings.session_seconds, time.time()
     index = WEB_TOKEN_SESSIONS_PREFIX + holder.token_id
     value = json.dumps({"token_id": holder.token_id, "opened": now})
-    with ctx.store.client.pipeline(transaction=True) as pipe:
+    with ctx.store.client.pipeline(transaction=_together(ctx)) as pipe:
         pipe.set(session.key, value, ex=seconds)
         pipe.zadd(index, {session.digest: now})
         pipe.zremrangebyscore(index, "-inf", now - seconds)
@@ -141,8 +141,9 @@ def open_session(ctx: WebContext, token: str) -> tuple[str, Session] | None:
         pipe.zrange(index, 0, -ctx.settings.sessions_per_token - 1)
         *_, evicted = pipe.execute()
     if evicted:
-        with ctx.store.client.pipeline(transaction=True) as pipe:
-            pipe.delete(*(WEB_SESSION_PREFIX + digest for digest in evicted))
+        with ctx.store.client.pipeline(transaction=_together(ctx)) as pipe:
+            for digest in evicted:  # (one key a command: on a cluster, each has its slot)
+                pipe.delete(WEB_SESSION_PREFIX + digest)
             pipe.zrem(index, *evicted)
             pipe.execute()
     return secret, session
@@ -180,10 +181,18 @@ def close_session(ctx: WebContext, session: Session) -> None:
 
 def _end(ctx: WebContext, digest: str, token_id: str) -> None:
     """Forget a session and its place among its token's sessions, together."""
-    with ctx.store.client.pipeline(transaction=True) as pipe:
+    with ctx.store.client.pipeline(transaction=_together(ctx)) as pipe:
         pipe.delete(WEB_SESSION_PREFIX + digest)
         pipe.zrem(WEB_TOKEN_SESSIONS_PREFIX + token_id, digest)
         pipe.execute()
+
+
+def _together(ctx: WebContext) -> bool:
+    """A session's key and its token's list of sessions change in one transaction, except on
+    a Redis Cluster, where they sit in two slots: there the pipeline's commands are sent in
+    order per key, and a session missing from its token's list (a crash in between) only
+    escapes the per-token cap until it expires."""
+    return not ctx.store.clustered
 
 
 def csrf_matches(expected: str, given: str | None) -> bool:

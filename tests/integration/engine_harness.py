@@ -21,7 +21,7 @@ from celery.exceptions import Ignore
 
 from saga import RetryPolicy, Saga, Settings, StepContext, ToolClass, ToolRegistry, Undo
 from saga.compensation import compensate
-from saga.constants import ACTIVE_RUNS_KEY, CONCLUDE_UNWIND_TASK, run_keys
+from saga.constants import CONCLUDE_UNWIND_TASK, run_keys
 from saga.forward import run_step
 from saga.redis_urls import redis_client
 from tests.conftest import TEST_DB, redis_url_with_db
@@ -195,7 +195,7 @@ class Harness:
         client = self.saga.store.client
         for run_id in self.run_ids:
             client.delete(*run_keys(run_id))
-            client.zrem(ACTIVE_RUNS_KEY, run_id)
+            client.zrem(self.saga.store.layout.active_of(run_id), run_id)
         client.close()
         if self.saga.core._records is not None:
             self.saga.records.dispose()

@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session
 
 from saga import Settings
 from saga.client import Client
-from saga.constants import CREATED_RUNS_KEY
 from saga.errors import InvalidCursorError
 from saga.listing import RunFilter, list_runs, page_of_runs
 from saga.records import RecordStore, RunRecord
@@ -142,9 +141,11 @@ def test_filters_apply_to_both_sources(store: RunStore, records: RecordStore) ->
 def test_a_forgotten_run_leaves_the_created_index(store: RunStore) -> None:
     """The reaper's ``forget`` (keys gone) drops the run from both indexes."""
     store.create("gone", 900)
-    assert store.client.zscore(CREATED_RUNS_KEY, "gone") is not None
+    created = store.layout.created_of("gone")
+    assert store.client.zscore(created, "gone") is not None
     store.forget("gone")
-    assert store.client.zscore(CREATED_RUNS_KEY, "gone") is None
+    assert store.client.zscore(created, "gone") is None
+    assert store.due_at("gone") is None
 
 
 def _created(store: RunStore, records: RecordStore, run_id: str) -> float:

@@ -1,7 +1,8 @@
-"""A representative part of the integration tier on the other brokers and store, inside
+"""A representative part of the integration tier on the other brokers and stores, inside
 ``make test``: the demo's runs (happy path, an unwind from each position, the pivot's
-refusals, escalations, compensation retries) on RabbitMQ and on a Sentinel store. All of the
-tier on each: ``make test-matrix``.
+refusals, escalations, compensation retries) on RabbitMQ, on a Sentinel store and on a Redis
+Cluster store, where the store's own suite and the listing run too (every script and read path
+on three masters). All of the tier on each: ``make test-matrix``.
 
 Each leg is a pytest of its own in a subprocess (its session fixtures start the worker on
 that broker and store), on a Redis database index of its own so it never flushes this
@@ -24,6 +25,11 @@ LEG_DB = str(TEST_DB - 3)
 LEGS = {
     "amqp-broker": {"SAGA_TEST_BROKER": "amqp"},
     "sentinel-store": {"SAGA_TEST_STORE": "sentinel"},
+    "cluster-store": {"SAGA_TEST_STORE": "cluster"},
+}
+#: What each leg runs besides ``SUBSET``.
+MORE = {
+    "cluster-store": ["tests/integration/test_stack.py", "tests/integration/test_listing.py"],
 }
 
 
@@ -36,7 +42,16 @@ def test_the_core_runs_pass_on(leg: str) -> None:
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     env = {**inherited, **LEGS[leg], "SAGA_TEST_REDIS_DB": LEG_DB}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", *SUBSET, "-q", "-p", "no:cacheprovider"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *SUBSET,
+            *MORE.get(leg, []),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis.cluster
 import redis.sentinel
 
 from tests.conftest import TEST_BROKER, TEST_STORE
@@ -22,7 +23,8 @@ def test_the_worker_and_the_store_are_on_the_broker_and_store_of_the_matrix(
     broker = str(demo_app.app.conf.broker_url)
     wait_until(lambda: "Connected to " in worker.log(), what="the worker's broker line")
     connected = next(ln for ln in worker.log().splitlines() if "Connected to " in ln)
-    on_sentinel = isinstance(
+    on_cluster = isinstance(saga.store.client, redis.cluster.RedisCluster)
+    on_sentinel = not on_cluster and isinstance(
         saga.store.client.connection_pool, redis.sentinel.SentinelConnectionPool
     )
     if TEST_BROKER == "amqp":
@@ -31,3 +33,8 @@ def test_the_worker_and_the_store_are_on_the_broker_and_store_of_the_matrix(
         assert broker.startswith(("redis://", "sentinel://", "saga-")), broker
         assert "Connected to amqp://" not in connected
     assert on_sentinel is (TEST_STORE == "sentinel")
+    assert on_cluster is (TEST_STORE == "cluster")
+    if on_cluster:  # every master took some of the run's and the indexes' keys
+        masters = saga.store.client.get_primaries()
+        assert len(masters) == 3
+        assert all(node.redis_connection.dbsize() > 0 for node in masters)

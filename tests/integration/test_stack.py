@@ -1071,7 +1071,7 @@ def test_expired_keys_are_rebuilt_only_into_nothing(store: RunStore, new_run: Ne
 def test_more_callers_than_connections_wait_for_one_instead_of_failing(redis_url: str) -> None:
     """A web app with more threads waiting on Redis than the pool holds: each waits for a free
     connection (redis-py's plain pool would raise "Too many connections" past its cap)."""
-    if TEST_STORE == "sentinel":  # (a Sentinel URL takes no ?options: the keyword instead)
+    if TEST_STORE in ("sentinel", "cluster"):  # (no ?options there: the keyword instead)
         small = RunStore.from_url(redis_url, RETENTION, max_connections=3)
     else:
         separator = "&" if "?" in redis_url else "?"
@@ -1092,7 +1092,13 @@ def test_more_callers_than_connections_wait_for_one_instead_of_failing(redis_url
             thread.join(timeout=20)
         assert not any(thread.is_alive() for thread in threads)
         assert errors == []
-        assert small.client.connection_pool.max_connections == 3
+        if TEST_STORE == "cluster":  # a pool per node, each capped
+            nodes = small.client.get_nodes()  # type: ignore[attr-defined]
+            pools = [node.redis_connection.connection_pool for node in nodes]
+            assert {pool.max_connections for pool in pools} == {3}
+            assert all(isinstance(pool, redis.BlockingConnectionPool) for pool in pools)
+        else:
+            assert small.client.connection_pool.max_connections == 3
     finally:
         small.client.close()
 

@@ -269,8 +269,6 @@ def test_a_reaped_abort_no_replica_confirms_is_looked_at_again_at_the_next_pass(
 ) -> None:
     """The reaper's abort of an abandoned run stands on the master unconfirmed (the run is
     ``unwinding``, no chain sent): it must be looked at again soon, not in five minutes."""
-    from saga.constants import ACTIVE_RUNS_KEY
-
     # Given a run with a credit, abandoned by its agent, and a reaper that confirms its writes
     env, replica = replicated
     env.worker(concurrency=1)
@@ -287,7 +285,7 @@ def test_a_reaped_abort_no_replica_confirms_is_looked_at_again_at_the_next_pass(
     assert [r for r, _ in report.broken] == [run.run_id]
     assert "confirmed by 0 of 1" in report.broken[0][1]
     assert run.state() is RunState.UNWINDING
-    due = reaper.store.client.zscore(ACTIVE_RUNS_KEY, run.run_id)
+    due = reaper.store.due_at(run.run_id)
     assert due is not None and due - reaper.store.now(exact=True) < 5
 
     # And once the replica is back, the next passes send the unwind: the credit reversed

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from saga import RunState
 from saga.cli.main import cli
-from saga.constants import CREATED_RUNS_KEY, run_keys
+from saga.constants import run_keys
 from saga.records import ActionRecord
 from saga.web import tokens
 from tasks import systems
@@ -89,13 +89,14 @@ def test_a_bad_body_is_refused_naming_the_field_and_nothing_changes(
     web: Web, path: str, body: dict[str, Any], field: str
 ) -> None:
     run = web.saga.start_run()
-    before = web.saga.store.client.zcard(CREATED_RUNS_KEY)
+    created = web.saga.store.layout.created_of(run.run_id)
+    before = web.saga.store.client.zcard(created)
     url = f"/api/runs/{run.run_id}/abort" if path == "/abort" else path
     answer = web.client(web.operate_token).post(url, json=body)
     assert answer.status_code == 422, answer.text
     assert answer.json()["field"] == field
     assert state_of(web, run.run_id) == "running"
-    assert web.saga.store.client.zcard(CREATED_RUNS_KEY) == before
+    assert web.saga.store.client.zcard(created) == before
     run.abort("test over")
 
 

@@ -1,0 +1,349 @@
+"""The store on a Redis Cluster: three masters, three replicas, started by the module.
+
+The broker cannot be a cluster (kombu's Redis transport has none), so it is a plain
+``redis-server`` of the module's own beside it. A real worker given ``SAGA_REDIS_URL=
+redis+cluster://...`` runs the demo's runs; the run's keys live on one master (one hash tag),
+its index entries on another (the shards); a master failover at each point of a run
+(``CLUSTER FAILOVER``, and a master killed with its replica promoted) ends every run as it
+would have ended, each effect and undo applied once, Redis and SQL agreeing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from saga import Saga, Settings
+from saga.aio import AsyncClient
+from saga.client import Client
+from saga.constants import TURN_QUEUE, IndexLayout, run_keys
+from saga.errors import ConfigurationError, StoreUnavailableError
+from saga.listing import RunFilter, list_runs
+from saga.model import RunState
+from saga.stack import RunStore
+from saga.testing import Faults, RedisServer, WorkerProcess
+from tasks import systems
+from tasks.tools import tools
+from tests.conftest import ROOT, service_missing
+from tests.integration.helpers import CREDIT, ORDER, demo_steps, wait_until
+from tests.reliability.conftest import TIME_LIMIT, VISIBILITY_TIMEOUT
+from tests.reliability.redis_cluster import RedisClusterNodes
+from tests.reliability.test_hosted_crashes import check_once_each, completed
+
+HOSTED_APP = "tests.integration.hosted_app"
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
+    with RedisClusterNodes(tmp_path_factory.mktemp("cluster")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def _app(broker: RedisServer) -> Celery:
+    app = Celery("cluster-test")
+    app.config_from_object("celeryconfig")
+    options = {"visibility_timeout": VISIBILITY_TIMEOUT}
+    app.conf.update(
+        broker_url=broker.url,
+        result_backend=broker.url,
+        broker_transport_options=options,
+        task_time_limit=TIME_LIMIT,
+        task_soft_time_limit=TIME_LIMIT - 1,
+    )
+    return app
+
+
+def demo_env(nodes: RedisClusterNodes, broker: RedisServer, data: Path) -> dict[str, str]:
+    """The demo worker's environment: the store on the cluster, the broker (and the results,
+    which saga's tasks do not keep) on the plain Redis."""
+    return {
+        "SAGA_REDIS_URL": nodes.url(),
+        "SAGA_BROKER_URL": broker.url,
+        "SAGA_DEMO_DATA": str(data),
+        "SAGA_DATABASE_URL": f"sqlite:///{data / 'saga.db'}",
+        "SAGA_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT),
+        "SAGA_TASK_TIME_LIMIT": str(TIME_LIMIT),
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+@pytest.fixture
+def world(
+    nodes: RedisClusterNodes,
+    broker: RedisServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[tuple[Saga, dict[str, str]]]:
+    """A saga on the cluster (this process under the worker's environment) and that env."""
+    env = demo_env(nodes, broker, tmp_path)
+    for key in ("SAGA_RESULT_BACKEND", "SAGA_REDIS_CONFIRM_REPLICAS", "SAGA_INDEX_SHARDS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    systems.reset()
+    settings = Settings(redis_url=env["SAGA_REDIS_URL"], database_url=env["SAGA_DATABASE_URL"])
+    saga = Saga(_app(broker), tools, settings)
+    yield saga, env
+    saga.store.client.close()
+    if saga.core._records is not None:
+        saga.records.dispose()
+    systems.dispose_engines()
+
+
+def _masters_holding(nodes: RedisClusterNodes, keys: list[str]) -> set[int]:
+    return {nodes.master_of_key(key) for key in keys}
+
+
+def test_a_run_lives_on_one_master_and_its_index_entries_on_their_shards(
+    nodes: RedisClusterNodes, broker: RedisServer, world: tuple[Saga, dict[str, str]]
+) -> None:
+    """A whole demo run on a real worker; the run's keys on one master (its hash tag), the
+    index shards spread over every master; the sync and asyncio clients list and read it."""
+    saga, env = world
+    layout = saga.store.layout
+    assert layout == IndexLayout(16) and saga.store.clustered
+    assert len(_masters_holding(nodes, layout.every("active"))) == 3
+    with WorkerProcess("tasks.app", env=env, concurrency=1, cwd=ROOT) as worker:
+        run = saga.start_run()
+        assert len(demo_steps(run)) == 4
+        assert run.finish(timeout=30).state is RunState.COMPLETED
+        del worker
+    assert len(_masters_holding(nodes, run_keys(run.run_id))) == 1
+    on_broker = redis.Redis.from_url(broker.url)
+    try:  # the messages went through the plain Redis (kombu's bindings are there)
+        assert on_broker.exists("_kombu.binding.celery")
+    finally:
+        on_broker.close()
+    store = saga.store
+    assert store.client.zscore(layout.created_of(run.run_id), run.run_id) is not None
+    assert run.run_id in store.active_runs()
+    assert run.run_id in [r.run_id for r in list_runs(store, None, RunFilter(limit=20))]
+    # A hosted run (its turn stays queued: no turn worker) in the clients' listings.
+    client = Client(redis_url=nodes.url(), settings=saga.settings)
+    try:
+        hosted = client.enqueue_run("refund", "Refund order 4921.")
+        assert hosted in [r.run_id for r in client.list_runs(limit=20)]
+        assert client.get_run(run.run_id).state == "completed"
+
+        async def listed() -> list[str]:
+            async with AsyncClient(redis_url=nodes.url(), settings=saga.settings) as aio:
+                return [r.run_id for r in await aio.list_runs(limit=20)]
+
+        assert hosted in asyncio.run(listed())
+        client.abort_run(hosted, "not driven by this test")
+    finally:
+        client.store.client.close()
+
+
+def test_a_process_sharding_otherwise_refuses_until_the_indexes_are_resharded(
+    nodes: RedisClusterNodes, world: tuple[Saga, dict[str, str]]
+) -> None:
+    """The store records its shard count; a store opened with another refuses (never writes
+    where no one reads); ``reshard`` moves every entry, after which the listing and the
+    reaper's index find every run again, and the old count is refused in turn."""
+    saga, _ = world
+    runs = [saga.start_run() for _ in range(5)]
+    other = RunStore.from_url(nodes.url(), 60, layout=IndexLayout(4))
+    try:
+        with pytest.raises(ConfigurationError, match="sharded 16 way"):
+            other.create("refused-run", 60.0)
+        assert other.client.exists(run_keys("refused-run")[0]) == 0  # nothing written
+        moved = other.reshard(IndexLayout(4))
+        assert moved["created"] >= 5 and moved["active"] >= 5
+        active = set(other.active_runs())
+        listed = {run_id for run_id, _ in other.newest("+inf", "-inf", 1000)}
+        assert {r.run_id for r in runs} <= active & listed
+        with pytest.raises(ConfigurationError, match="sharded 4 way"):
+            saga.store.check_layout(force=True)
+        other.reshard(IndexLayout(16))  # back, for the module's other tests
+        saga.store.check_layout(force=True)
+        assert {r.run_id for r in runs} <= set(saga.store.active_runs())
+    finally:
+        other.client.close()
+    for run in runs:
+        run.abort("not driven by this test")
+
+
+def _faults(saga: Saga, monkeypatch: pytest.MonkeyPatch) -> Faults:
+    monkeypatch.setenv("SAGA_TESTING_FAULTS", "1")
+    return Faults(saga.store.client)
+
+
+def _confirming(env: dict[str, str]) -> dict[str, str]:
+    """A worker that confirms its writes with a replica of their master (``WAIT`` on the
+    master of the run's slot), faults on, and a time limit a failover's wait fits in."""
+    return {
+        **env,
+        "SAGA_TESTING_FAULTS": "1",
+        "SAGA_REDIS_CONFIRM_REPLICAS": "1",
+        "SAGA_TASK_TIME_LIMIT": "15",
+        "SAGA_VISIBILITY_TIMEOUT": "20",
+    }
+
+
+#: Where the failover strikes (as in test_sentinel): while the credit runs; once its success
+#: and undo are recorded, before its message is acked; while its reversal runs; once the
+#: unwind's conclusion is in Redis, before its SQL record is. Each by ``CLUSTER FAILOVER`` of
+#: the run's master, and mid-step also by that master killed (its replica promoted).
+FAILOVER_POINTS = {
+    "mid-step": ("issue_credit", "before_effect", "failover"),
+    "mid-step-master-killed": ("issue_credit", "before_effect", "kill"),
+    "between-the-push-and-the-ack": ("issue_credit", "after_push", "failover"),
+    "during-the-unwind": ("reverse_credit", "before_compensation", "failover"),
+    "during-the-unwind-master-killed": ("reverse_credit", "before_compensation", "kill"),
+    "during-the-conclusion": ("", "after_conclusion", "failover"),
+}
+
+
+def _fail_over(nodes: RedisClusterNodes, run_id: str, how: str) -> None:
+    """Fail over the master holding ``run_id``'s keys; a killed one is brought back (as a
+    replica of its successor) so the writes that count can be confirmed again."""
+    master = nodes.master_of_key(run_keys(run_id)[0])
+    if how == "failover":
+        nodes.failover(master)
+        return
+    nodes.kill_master(master)
+    nodes.restart(master)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("point", list(FAILOVER_POINTS))
+def test_a_master_failover_with_replica_confirmation_loses_nothing_and_applies_nothing_twice(
+    nodes: RedisClusterNodes,
+    world: tuple[Saga, dict[str, str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    point: str,
+) -> None:
+    saga, env = world
+    faults = _faults(saga, monkeypatch)
+    worker = WorkerProcess(
+        "tasks.app", env=_confirming(env), concurrency=1, cwd=ROOT, logfile=tmp_path / "worker.log"
+    )
+    tool, at, how = FAILOVER_POINTS[point]
+    forward = at in ("before_effect", "after_push")
+    with worker:
+        run = saga.start_run()
+        run.call("get_order", order_id=ORDER).result(timeout=30)
+        delayed = faults.delay(tool, 3.0, point=at)
+        credit = run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="late")
+        if forward:
+            wait_until(lambda: faults.hits(delayed) > 0, 30, f"the credit to reach {at}")
+            _fail_over(nodes, run.run_id, how)
+            assert credit.result(timeout=90)["amount_cents"] == CREDIT
+            ended = _finish(run, 90)
+            expected, reversals = RunState.COMPLETED, 0
+        else:
+            credit.result(timeout=30)
+            run.abort("the customer cancelled")
+            wait_until(lambda: faults.hits(delayed) > 0, 30, f"the unwind to reach {at}")
+            _fail_over(nodes, run.run_id, how)
+            ended = run.wait(timeout=90)
+            expected, reversals = RunState.COMPENSATED, 1
+    assert faults.hits(delayed) >= 1
+    assert ended.state is expected, (ended.state, ended.reason)
+    ledger = [r for r in systems.ledger() if r["idempotency_key"].startswith(f"{run.run_id}:")]
+    assert sum(r["kind"] == "credit" for r in ledger) == 1
+    assert sum(r["kind"] == "reversal" for r in ledger) == reversals
+    record = saga.records.run(run.run_id)
+    assert record is not None and record.state == expected.value
+    assert saga.picture(run.run_id).state is expected  # the new master's keys
+
+
+def _finish(run: Any, timeout: float) -> Any:
+    """``Run.finish``, retried while the store is still away (a killed master's slots are
+    without a master until its replica is promoted: the caller's retry, as an agent's)."""
+    from saga.errors import StoreUnavailableError
+
+    def attempt() -> Any:
+        try:
+            return run.finish(timeout=timeout)
+        except StoreUnavailableError:
+            return None
+
+    return wait_until(attempt, timeout, "the run to finish")
+
+
+@pytest.mark.timeout(300)
+def test_a_master_failover_during_a_hosted_turn_dispatches_each_call_once(
+    nodes: RedisClusterNodes,
+    world: tuple[Saga, dict[str, str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CLUSTER FAILOVER`` of the run's master while a hosted turn dispatches its three
+    calls (paused after the first): each call dispatched and applied once, the model asked
+    once a turn, the run completed in Redis and in SQL."""
+    saga, env = world
+    faults = _faults(saga, monkeypatch)
+    confirming = _confirming(env)
+    tools_worker = WorkerProcess(
+        HOSTED_APP, env=confirming, concurrency=2, cwd=ROOT, logfile=tmp_path / "tools.log"
+    )
+    turns_worker = WorkerProcess(
+        HOSTED_APP,
+        env=confirming,
+        concurrency=4,
+        pool="threads",
+        extra_args=["-Q", TURN_QUEUE],
+        cwd=ROOT,
+        logfile=tmp_path / "turns.log",
+    )
+    client = Client(redis_url=nodes.url(), broker_url=env["SAGA_BROKER_URL"])
+    paused = faults.delay("get_order", 3.0, point="between_dispatches")
+    try:
+        with tools_worker, turns_worker:
+            run_id = client.enqueue_run("parallel", "Refund order 4921.")
+            wait_until(lambda: faults.hits(paused) > 0, 30, "the turn's first dispatch")
+            _fail_over(nodes, run_id, "failover")
+            completed(client, run_id, 120)
+        check_once_each(client, run_id)
+        record = saga.records.run(run_id)
+        assert record is not None and record.state == "completed"
+    finally:
+        client.store.client.close()
+
+
+def test_a_run_is_indexed_before_its_keys_exist_though_they_live_on_two_masters(
+    nodes: RedisClusterNodes, world: tuple[Saga, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a cluster the run's index shard and its keys are on different masters, where one
+    pipeline keeps no order: the indexes go first, in a round trip of their own. A creation cut
+    short after it leaves entries without keys (which the reaper drops), never keys without
+    entries (a run the reaper would never look at)."""
+    saga, _ = world
+    store = saga.store
+    run_id = next(  # one whose index shard and keys are on two masters
+        name
+        for name in (f"cut-short-{i}" for i in range(100))
+        if nodes.master_of_key(store.layout.active_of(name))
+        != nodes.master_of_key(run_keys(name)[0])
+    )
+
+    def cut_short(*_: Any, **__: Any) -> Any:
+        raise StoreUnavailableError("the run's master went away (injected)")
+
+    monkeypatch.setattr(store, "_pipelined", cut_short)
+    with pytest.raises(StoreUnavailableError):
+        store.create(run_id, 60.0)
+    monkeypatch.undo()
+    assert store.due_at(run_id) is not None
+    assert store.client.zscore(store.layout.created_of(run_id), run_id) is not None
+    assert store.client.exists(run_keys(run_id)[0]) == 0
+    store.forget(run_id)  # what the reaper does with an entry whose keys are not there
+    assert store.due_at(run_id) is None
