@@ -6,9 +6,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 # make bench RUNS=N (default 300) · make bench-agents RUNS=N (default 200)
+# make bench-shards RUNS=N TOPOLOGY=T (default 300, single,cluster3)
 # make chaos RUNS=N SEED=S (default 200, 1)
 RUNS ?=
 SEED ?= 1
+TOPOLOGY ?= single,cluster3
 
 # The demo's Saga: what the saga commands (requeue, resolve, reap) import, and whose module the
 # worker, beat and Flower run. One variable, as in compose.yaml.
@@ -17,7 +19,7 @@ APP_MODULE = $(firstword $(subst :, ,$(SAGA_APP)))
 # The image's dependencies (Dockerfile), pinned with hashes: `make lock` after changing them.
 LOCK_EXTRAS := postgres metrics flower openai anthropic api
 
-.PHONY: install demo test test-matrix lint bench bench-agents bench-peers bench-scale chaos modelcheck worker turns beat flower lock clean
+.PHONY: install demo test test-matrix lint bench bench-agents bench-peers bench-scale bench-shards chaos modelcheck worker turns beat flower lock clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,11 +39,15 @@ test: $(INSTALLED)
 	scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The integration tier again on each other broker and store (tests/conftest.py): RabbitMQ in a
-# vhost the session makes and deletes; a Sentinel master, replica and three sentinels it starts.
+# vhost the session makes and deletes; a Sentinel master, replica and three sentinels it starts;
+# a Redis Cluster of three masters and three replicas it starts (the broker stays on Redis or
+# RabbitMQ: a cluster cannot be one).
 test-matrix: $(INSTALLED)
 	SAGA_TEST_BROKER=amqp scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile tests/integration
 	SAGA_TEST_STORE=sentinel scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile tests/integration
 	SAGA_TEST_BROKER=amqp SAGA_TEST_STORE=sentinel scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile tests/integration
+	SAGA_TEST_STORE=cluster scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile tests/integration
+	SAGA_TEST_BROKER=amqp SAGA_TEST_STORE=cluster scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile tests/integration
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
@@ -69,6 +75,13 @@ bench-peers: $(INSTALLED) $(PEERS_VENV)/.installed
 bench-scale: $(INSTALLED)
 	$(BIN)/python benchmarks/scale.py
 
+# The same driven and hosted runs against one Redis and a three-master Redis Cluster, each with
+# its own servers, workers and broker (a plain redis-server: it is never counted as the store):
+# Redis CPU and commands per run on each shard, runs/s, each shard's projected ceiling, and the
+# hottest key's share of the store's commands (MONITOR). TOPOLOGY=single or cluster3 for one.
+bench-shards: $(INSTALLED)
+	$(BIN)/python benchmarks/shards.py --runs $(or $(RUNS),300) --topology $(TOPOLOGY)
+
 # Hosted agent runs enqueued at once against the same runs driven from threads (it starts its
 # own turn and tool workers).
 bench-agents: $(INSTALLED)
@@ -77,8 +90,10 @@ bench-agents: $(INSTALLED)
 # The randomised chaos run alone (it starts its own redis-server, two tool workers and a
 # turn worker; a quarter of its runs are hosted agent runs). STORE=sentinel: the store on a
 # master, a replica and three sentinels of its own, failed over every 20 s among the kills;
-# BROKER=amqp: the broker on a RabbitMQ node of its own, its connections dropped or the node
-# restarted every 25 s.
+# STORE=cluster: the store on a Redis Cluster of its own (three masters, a replica each), the
+# broker on a plain Redis of its own, a random master failed over every 20 s, by CLUSTER
+# FAILOVER and by SIGKILL (the node restarted as a replica) in turn; BROKER=amqp: the broker on
+# a RabbitMQ node of its own, its connections dropped or the node restarted every 25 s.
 chaos: $(INSTALLED)
 	$(BIN)/python -m tests.reliability.chaos --runs $(or $(RUNS),200) --seed $(SEED) \
 	  --store $(or $(STORE),redis) --broker $(or $(BROKER),redis)

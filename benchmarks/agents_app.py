@@ -90,11 +90,14 @@ _client_lock = threading.Lock()
 
 
 def _redis() -> redis.Redis:
-    """One client (a thread-safe pool) per process, made on first use."""
+    """One client (a thread-safe pool) per process, made on first use: on a plain Redis named
+    by ``SAGA_BENCH_COUNTER_URL`` when set (``benchmarks/shards.py`` keeps the counter off the
+    store it meters, which may be a cluster), else on the store's."""
     global _client
     with _client_lock:
         if _client is None:
-            _client = redis.Redis.from_url(os.environ["SAGA_REDIS_URL"])
+            url = os.environ.get("SAGA_BENCH_COUNTER_URL") or os.environ["SAGA_REDIS_URL"]
+            _client = redis.Redis.from_url(url)
         return _client
 
 

@@ -100,22 +100,26 @@ class AsyncRunStore:
             # On one connection, after a write of its own (``StoreCore._wait_for_replicas``);
             # on a cluster, the master of the run's slot.
             if self.clustered:
-                # The node's own pipeline: both commands on one of its connections.
-                probe = confirm_probe_key(run_id)
-                node = self.redis.get_node_from_key(probe)  # type: ignore[attr-defined]
-                commands = [
-                    PipelineCommand(0, "SET", probe, "1", "PX", max(wanted.timeout_ms * 2, 60_000)),
-                    PipelineCommand(1, "WAIT", wanted.replicas, wanted.timeout_ms),
-                ]
-                await node.execute_pipeline(commands)
-                raise_first_error([command.result for command in commands])
-                confirmed = cast(int, commands[-1].result)
-            else:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.incr(CONFIRM_PROBE_KEY)
-                    pipe.wait(wanted.replicas, wanted.timeout_ms)
-                    confirmed = (await pipe.execute())[-1]
+                await self._wait_on(script, confirm_probe_key(run_keys(run_id)[0]))
+                return
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.incr(CONFIRM_PROBE_KEY)
+                pipe.wait(wanted.replicas, wanted.timeout_ms)
+                confirmed = (await pipe.execute())[-1]
             self.confirmation.check(script, int(confirmed))
+
+    async def _wait_on(self, what: str, probe: str) -> None:
+        """``StoreCore._wait_on``, awaited: the node's own pipeline, both commands on one of
+        its connections."""
+        wanted = self.confirmation
+        node = self.redis.get_node_from_key(probe)  # type: ignore[attr-defined]
+        commands = [
+            PipelineCommand(0, "SET", probe, "1", "PX", max(wanted.timeout_ms * 2, 60_000)),
+            PipelineCommand(1, "WAIT", wanted.replicas, wanted.timeout_ms),
+        ]
+        await node.execute_pipeline(commands)
+        raise_first_error([command.result for command in commands])
+        wanted.check(what, int(cast(int, commands[-1].result)))
 
     async def _check_layout(self) -> None:
         """``RunStore.check_layout``, once per client: a mismatch is ``ConfigurationError``."""
@@ -153,6 +157,11 @@ class AsyncRunStore:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     queue_indexes(pipe, self.layout, run_id, args)
                     await pipe.execute()
+                if self.confirmation.wanted("create"):  # on their masters, not the run's
+                    for probe in dict.fromkeys(
+                        confirm_probe_key(key) for key in self.layout.entries_of(run_id)
+                    ):
+                        await self._wait_on("create", probe)
             for attempt in (1, 2):
                 async with self.redis.pipeline(transaction=False) as pipe:
                     if self.clustered:

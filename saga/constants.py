@@ -160,10 +160,15 @@ def notice_task_id(escalation_id: str, sink: str) -> str:
     return f"{escalation_id}:notify:{sink}"
 
 
-def confirm_probe_key(run_id: str) -> str:
-    """The replica confirmation's probe on a Redis Cluster, in the run's slot: ``WAIT`` is per
-    node, so the probe must be written on the node that took the run's writes."""
-    return f"{KEY_PREFIX}:{{{run_id}}}:confirm"
+def confirm_probe_key(key: str) -> str:
+    """The replica confirmation's probe on a Redis Cluster, in ``key``'s slot: ``WAIT`` is per
+    node, so the probe must be written on the node that took the writes to confirm. The slot
+    is the hash tag's (``{run_id}``, ``{ix-3}``), or a whole untagged key's, which the probe
+    then takes as its tag."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start != -1 else -1
+    tag = key[start + 1 : end] if end > start + 1 else key
+    return f"{KEY_PREFIX}:{{{tag}}}:confirm"
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,10 @@ class IndexLayout:
 
     def awaiting_of(self, run_id: str) -> str:
         return self.awaiting(self.shard_of(run_id))
+
+    def entries_of(self, run_id: str) -> list[str]:
+        """The keys a new run's index entries go to (the reaper's and the listing's)."""
+        return [self.active_of(run_id), self.created_of(run_id)]
 
     def every(self, kind: str) -> list[str]:
         """Every shard's key of ``kind`` (``active``, ``created``, ``awaiting``)."""

@@ -279,9 +279,9 @@ def warn_unconfirmable_writes(core: Core) -> None:
     wanted = core.settings.replicas_to_confirm
     if wanted <= 0:
         return
-    store = core.store.client
+    servers = core.store.servers()  # on a cluster, every master: the fewest replicas count
     try:
-        replicas = int(store.info("replication").get("connected_slaves", 0))
+        replicas = min(int(s.info("replication").get("connected_slaves", 0)) for s in servers)
     except redis.RedisError as exc:
         logger.warning("saga: could not count the stack's Redis replicas: %r", exc)
         return
@@ -294,7 +294,10 @@ def warn_unconfirmable_writes(core: Core) -> None:
             wanted,
         )
     try:
-        floor = int(store.config_get("min-replicas-to-write").get("min-replicas-to-write") or 0)
+        floor = min(
+            int(s.config_get("min-replicas-to-write").get("min-replicas-to-write") or 0)
+            for s in servers
+        )
     except redis.RedisError:  # CONFIG not allowed: the deployment's own check
         return
     if floor < wanted:
@@ -314,12 +317,15 @@ FAILOVER_BEYOND_DOWN_AFTER = 5.0
 def lease_failover_problem(core: Core) -> str | None:
     """On a Sentinel store: whether a failover can outlast a hosted turn's asking lease. The
     keeper cannot renew it while no master answers; a lease that runs out there lets another
-    delivery ask the model again before the keeper takes it back (``saga.agents.lease``)."""
-    pool = core.store.client.connection_pool
+    delivery ask the model again before the keeper takes it back (``saga.agents.lease``). On
+    a Redis Cluster the same holds of its ``cluster-node-timeout``."""
+    lease = min(core.lease_seconds, TURN_LEASE_SECONDS)
+    if core.store.clustered:
+        return _cluster_failover_problem(core, lease)
+    pool = getattr(core.store.client, "connection_pool", None)
     manager, master = getattr(pool, "sentinel_manager", None), getattr(pool, "service_name", "")
     if manager is None:
         return None
-    lease = min(core.lease_seconds, TURN_LEASE_SECONDS)
     for sentinel in manager.sentinels:
         try:
             down_after = float(sentinel.sentinel_master(master)["down-after-milliseconds"]) / 1000
@@ -336,6 +342,25 @@ def lease_failover_problem(core: Core) -> str | None:
             "(docs/durability.md)"
         )
     return None
+
+
+def _cluster_failover_problem(core: Core, lease: float) -> str | None:
+    """``lease_failover_problem`` on a cluster: a master is judged failed after the nodes'
+    ``cluster-node-timeout``, then its replica is elected and promoted."""
+    try:
+        found = core.store.servers()[0].config_get("cluster-node-timeout")
+        timeout = float(str(found["cluster-node-timeout"])) / 1000
+    except (redis.RedisError, KeyError, IndexError, TypeError, ValueError):
+        return None  # CONFIG not allowed: the deployment's own check
+    if timeout + FAILOVER_BEYOND_DOWN_AFTER < lease:
+        return None
+    return (
+        f"a Redis Cluster master's failover takes its cluster-node-timeout ({timeout:g} s) and "
+        f"more, longer than a hosted turn's asking lease ({lease:g} s, the task time limit "
+        f"plus the lease margin, at most {TURN_LEASE_SECONDS:g} s): a model call running "
+        "across it may be asked a second time. Lower cluster-node-timeout or raise "
+        "SAGA_TASK_TIME_LIMIT (docs/durability.md)"
+    )
 
 
 def warn_lease_outlasted_by_failover(core: Core) -> None:

@@ -160,6 +160,8 @@ class RunIndexes(StoreCore):
             with reachable("create"), self.client.pipeline(transaction=False) as pipe:
                 queue_indexes(pipe, self.layout, run_id, args)
                 pipe.execute()
+            # The run's own master confirms the script's writes, not these.
+            self.confirm_keys("create", self.layout.entries_of(run_id))
             made = self._pipelined(
                 "create", run_id, lambda pipe: queue_script(pipe, sha, run_id, args),
                 transaction=False,

@@ -29,6 +29,7 @@ from saga.constants import (
     CONFIRM_PROBE_KEY,
     IndexLayout,
     confirm_probe_key,
+    run_keys,
     script_keys,
     settled_key,
 )
@@ -216,25 +217,39 @@ class StoreCore:
         if self.confirmation.wanted(script):
             self._wait_for_replicas(script, run_id)
 
+    def confirm_keys(self, what: str, keys: Sequence[str]) -> None:
+        """``confirm`` for writes to ``keys`` outside any run's slot (a new run's index
+        entries, on a cluster on another master than the run's): each slot's master waits."""
+        if self.confirmation.wanted(what):
+            with reachable(what):
+                for probe in dict.fromkeys(confirm_probe_key(key) for key in keys):
+                    self._wait_on(what, probe)
+
     def _wait_for_replicas(self, what: str, run_id: str) -> None:
         """``WAIT`` counts the writes of its own connection only, and the pool may lend the
         ``WAIT`` another connection than the write's (another thread took that one back in
         between): so a write goes first on the same connection, one that follows every write
         made so far in the replication stream (``CONFIRM_PROBE_KEY``). On a cluster ``WAIT``
         is one node's: the probe is in the run's slot, sent to the master serving it."""
-        wanted = self.confirmation
         if self.clustered:
-            probe = confirm_probe_key(run_id)
-            node = self.client.get_node_from_key(probe)  # type: ignore[attr-defined]
-            with node.redis_connection.pipeline(transaction=False) as pipe:
-                pipe.set(probe, "1", px=max(wanted.timeout_ms * 2, 60_000))
-                pipe.wait(wanted.replicas, wanted.timeout_ms)
-                confirmed = pipe.execute()[-1]
-        else:
-            with self.client.pipeline(transaction=False) as pipe:
-                pipe.incr(CONFIRM_PROBE_KEY)
-                pipe.wait(wanted.replicas, wanted.timeout_ms)
-                confirmed = pipe.execute()[-1]
+            self._wait_on(what, confirm_probe_key(run_keys(run_id)[0]))
+            return
+        wanted = self.confirmation
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.incr(CONFIRM_PROBE_KEY)
+            pipe.wait(wanted.replicas, wanted.timeout_ms)
+            confirmed = pipe.execute()[-1]
+        wanted.check(what, int(confirmed))
+
+    def _wait_on(self, what: str, probe: str) -> None:
+        """On a cluster: the probe written and ``WAIT`` sent on one connection to the master
+        serving the probe's slot."""
+        wanted = self.confirmation
+        node = self.client.get_node_from_key(probe)  # type: ignore[attr-defined]
+        with node.redis_connection.pipeline(transaction=False) as pipe:
+            pipe.set(probe, "1", px=max(wanted.timeout_ms * 2, 60_000))
+            pipe.wait(wanted.replicas, wanted.timeout_ms)
+            confirmed = pipe.execute()[-1]
         wanted.check(what, int(confirmed))
 
     def servers(self) -> list[redis.Redis]:

@@ -124,10 +124,16 @@ def install(
             problems = [f"the configuration could not be checked: {exc!r}"]
         if faults_enabled():
             logger.warning("FAULT INJECTION IS ENABLED (%s=1): never in production", FAULTS_ENV)
-        warn_stale_shapes(core)  # logs what an unwind would meet; never refuses
-        warn_unknown_tools(core)  # names what callers know and this worker lacks
-        warn_unconfirmable_writes(core)  # too few replicas for SAGA_REDIS_CONFIRM_REPLICAS
-        warn_lease_outlasted_by_failover(core)  # a turn's lease shorter than a failover
+        for warn in (
+            warn_stale_shapes,  # logs what an unwind would meet; never refuses
+            warn_unknown_tools,  # names what callers know and this worker lacks
+            warn_unconfirmable_writes,  # too few replicas for SAGA_REDIS_CONFIRM_REPLICAS
+            warn_lease_outlasted_by_failover,  # a turn's lease shorter than a failover
+        ):
+            try:  # a warning that cannot look must not skip the refusal below
+                warn(core)
+            except Exception:
+                logger.exception("saga: the start-up check %s failed", warn.__name__)
         if problems:
             message = "saga: refusing to start the worker:\n  - " + "\n  - ".join(problems)
             logger.critical(message)

@@ -273,7 +273,7 @@ def test_an_aborted_run_unwinds_and_a_second_abort_says_it_ended(hosted: str) ->
 
 def test_the_async_listing_and_status_are_the_sync_clients(hosted: str) -> None:
     """list_runs and get_run answer exactly what saga.client answers for the same runs."""
-    sync = Client(broker_url=hosted, redis_url=hosted)
+    sync = Client(redis_url=hosted)  # the session's broker (SAGA_BROKER_URL, or this URL)
 
     async def main() -> tuple[list[Any], Any, str]:
         async with AsyncClient(redis_url=hosted) as client:

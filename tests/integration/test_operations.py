@@ -35,7 +35,7 @@ from saga.redis_urls import kombu_url, redis_client, sentinel_transport_options
 from saga.testing import WorkerProcess
 from tasks import systems
 from tasks.tools import tools
-from tests.conftest import ROOT, TEST_DB, redis_url_with_db
+from tests.conftest import MACHINE_REDIS, ROOT, TEST_DB, TEST_STORE, redis_url_with_db
 from tests.integration.engine_harness import Harness, harness
 from tests.integration.helpers import CREDIT, EMAIL, ORDER, TICKET, demo_steps, wait_until
 
@@ -274,10 +274,16 @@ def test_a_resolve_while_a_requeue_unwinds_waits_for_it(saga: Saga) -> None:
 def expiring(saga_env: dict[str, str], worker: Any) -> Iterator[Saga]:
     """A Saga whose runs' keys expire 2 s after they are recorded, with a worker of its own."""
     url = redis_url_with_db(saga_env["SAGA_REDIS_URL"], EXPIRY_DB)
-    client = redis_client(url)
-    client.flushdb()
-    # The broker and results on the same database (kombu's spelling on a Sentinel store).
+    # The broker and results on the same database (kombu's spelling on a Sentinel store); on
+    # a cluster (one database, shared with the session: not flushed) a database of the
+    # machine's Redis of their own.
     broker = kombu_url(url)
+    if TEST_STORE == "cluster":
+        broker = redis_url_with_db(MACHINE_REDIS, EXPIRY_DB)
+        client = redis_client(broker)
+    else:
+        client = redis_client(url)
+    client.flushdb()
     overrides = {"SAGA_BROKER_URL": broker, "SAGA_RESULT_BACKEND": broker, "SAGA_REDIS_URL": url}
     env = {**saga_env, **overrides, "SAGA_RETENTION_SECONDS": str(RETENTION)}
     process = WorkerProcess("tasks.app", env=env, concurrency=1, cwd=ROOT).start(timeout=120)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, service_missing
+from tests.conftest import MACHINE_REDIS, ROOT, TEST_STORE, service_missing
 
 EXAMPLE = ROOT / "examples" / "testing_kit"
 
@@ -53,7 +53,8 @@ def test_a_given_redis_is_used_at_its_database_and_a_missing_app_is_explained(
     (tmp_path / "test_app.py").write_text("def test_app(saga_app):\n    pass\n")
 
     # When its tests run with a Redis named in the environment
-    base = redis_url.rsplit("/", 1)[0]
+    # (a cluster has database 0 only: there, the machine's Redis is the one named)
+    base = MACHINE_REDIS if TEST_STORE == "cluster" else redis_url.rsplit("/", 1)[0]
     done = pytest_in(tmp_path, "-rA", "--saga-redis-db", "14", SAGA_TEST_REDIS_URL=base)
 
     # Then that Redis's database 14 is the one handed out, and the app's absence is explained

@@ -1,7 +1,7 @@
 """The randomised chaos run: many small sagas, random kill points, three workers, invariants.
 
     python -m tests.reliability.chaos --runs 200 --seed 1 [--hosted-share 0.25]
-        [--store sentinel] [--broker amqp]
+        [--store sentinel|cluster] [--broker amqp]
 
 It starts a private ``redis-server``, two Celery tool workers on ``tests.reliability.chaos_app``
 and a turn worker (``-P threads -c 20 -Q saga.turns``) and, in this process, a ``Saga`` on the
@@ -42,7 +42,13 @@ And for hosted runs, against the policy's own count of its calls per (run, turn)
 ``--store sentinel`` puts the store, the broker and the results on a master, a replica and
 three sentinels of the run's own (replica confirmation on), failed over every
 ``--failover-every`` seconds; the tools' ledger then lives on the plain Redis, which no failover
-touches. ``--broker amqp`` puts the broker on a RabbitMQ node of the run's own
+touches. ``--store cluster`` puts the store alone on a Redis Cluster of the run's own (three
+masters, a replica each, ``redis_cluster.RedisClusterNodes``; replica confirmation on), the
+broker on a plain Redis of its own (a cluster cannot be one) and the ledger and the results on
+the plain Redis; every ``--failover-every`` seconds a random master is failed over, in turn by
+a ``CLUSTER FAILOVER`` on its replica and by a SIGKILL (its replica promoted; the killed node
+started again at once, back as a replica, the cluster healthy again before the next fault).
+``--broker amqp`` puts the broker on a RabbitMQ node of the run's own
 (``rabbit_node.RabbitNode``), whose client connections are all closed, or which is restarted,
 every ``--broker-fault-every`` seconds. The agent retries what a failover refuses, as a caller
 told ``StoreUnavailableError`` is retryable should; a call the broker refused (nothing sent)
@@ -92,6 +98,8 @@ SHORT_DEADLINE = 5
 #: timeout, once the worker is restarted; most hosted runs outlast that, as most runs outlast
 #: a stranded message.
 HOSTED_DEADLINE = 40
+#: ``Chaos.longest_of``'s entry for a killed master: how long until its replica was promoted.
+PROMOTED = "masters killed, until the replica's promotion"
 
 # -- plans ------------------------------------------------------------------------------------
 
@@ -423,14 +431,22 @@ class Chaos:
         self.stop = threading.Event()
         self.tmp = Path(tempfile.mkdtemp(prefix="saga-chaos-"))
         self.redis: Any = None
-        #: ``--store sentinel``: the master, replica and sentinels; ``--broker amqp``: the
-        #: RabbitMQ node. Both are this run's own, disturbed by ``disturb``.
+        #: ``--store sentinel``: the master, replica and sentinels; ``--store cluster``: the
+        #: cluster's nodes, and the broker's own plain Redis beside them (with a client of it);
+        #: ``--broker amqp``: the RabbitMQ node. All this run's own, disturbed by ``disturb``.
         self.sentinels: Any = None
+        self.cluster: Any = None
+        self.broker_redis: Any = None
+        self.broker_client: Any = None
         self.rabbit: Any = None
         #: What ``disturb`` did (failovers, dropped connections, node restarts), how long the
-        #: longest took, and what failed; the agent's retries of calls that met it.
+        #: longest of each kind took (a killed master's also until its replica was promoted),
+        #: and what failed; the agent's retries of calls that met it.
         self.disturbed: Counter[str] = Counter()
         self.longest_disturbance = 0.0
+        self.longest_of: dict[str, float] = {}
+        self.fault_rng = random.Random(args.seed)
+        self.cluster_faults = 0  # even: the next is a CLUSTER FAILOVER; odd: a SIGKILL
         self.disturb_failures: list[str] = []
         self.retried: Counter[str] = Counter()
         self.workers: list[Any] = []
@@ -473,8 +489,8 @@ class Chaos:
             console = logging.StreamHandler()
             console.setLevel(logging.WARNING)
             logging.getLogger().addHandler(console)
-        # The plain Redis: the store and the broker, or (a Sentinel store) only the tools'
-        # ledger and the results, which must not go back in time with a failover.
+        # The plain Redis: the store and the broker, or (a Sentinel or cluster store) only the
+        # tools' ledger and the results, which must not go back in time with a failover.
         self.redis = RedisServer("--appendonly", "no", directory=self.tmp / "redis").start()
         plain = self.redis.url + "/0"
         url, broker = plain, plain
@@ -487,6 +503,22 @@ class Chaos:
             url, broker = self.sentinels.url(0), self.sentinels.kombu_url(0)
             transport = {"master_name": MASTER}
             # The writes a failover must not lose wait for the replica (docs/durability.md).
+            topology = {"SAGA_REDIS_CONFIRM_REPLICAS": "1", chaos_app.LEDGER_ENV: plain}
+        if self.args.store == "cluster":
+            import redis
+
+            from tests.reliability.redis_cluster import RedisClusterNodes
+
+            self.cluster = RedisClusterNodes(self.tmp / "cluster").start()
+            url = self.cluster.url()
+            # kombu has no cluster mode: the broker is a plain Redis of its own, never failed
+            # over (the ledger's stays the tools' world alone).
+            self.broker_redis = RedisServer("--appendonly", "no", directory=self.tmp / "broker")
+            self.broker_redis.start()
+            broker = self.broker_redis.url + "/0"
+            self.broker_client = redis.Redis.from_url(broker, socket_timeout=5)
+            # WAIT on the node of the run's slot (docs/durability.md): a SIGKILLed master's
+            # replica then has every write the saga was told had landed.
             topology = {"SAGA_REDIS_CONFIRM_REPLICAS": "1", chaos_app.LEDGER_ENV: plain}
         if self.args.broker == "amqp":
             from tests.reliability.rabbit_node import RabbitNode
@@ -523,7 +555,7 @@ class Chaos:
             redis_url=url,
             database_url=database,
             run_deadline_seconds=self.args.deadline,
-            replicas_to_confirm=1 if self.sentinels is not None else 0,
+            replicas_to_confirm=1 if self.args.store != "redis" else 0,
         )
         self.saga = Saga(app, chaos_app.tools, settings)
         self.saga.records  # noqa: B018 - create the tables once, before the threads race to
@@ -610,21 +642,26 @@ class Chaos:
 
     def disturb(self) -> None:
         """The topology's own faults among the plans' kills: on a Sentinel store a
-        ``SENTINEL FAILOVER`` every ``--failover-every`` seconds; on RabbitMQ, every
+        ``SENTINEL FAILOVER`` every ``--failover-every`` seconds; on a cluster store, as often,
+        a random master failed over (``cluster_fault``); on RabbitMQ, every
         ``--broker-fault-every`` seconds, every client connection dropped, or (every other
         time) the node restarted (stopped cleanly, started again on its data)."""
-        if self.sentinels is not None:
+        if self.sentinels is not None or self.cluster is not None:
             every, name = self.args.failover_every, "failover"
         elif self.rabbit is not None:
             every, name = self.args.broker_fault_every, "broker"
         else:
             return
         while not self.stop.wait(every):
-            began = time.monotonic()
             try:
+                if self.cluster is not None:  # each fault begins on a healthy cluster
+                    self.cluster_settled()
+                began = time.monotonic()
                 if self.sentinels is not None:
                     self.sentinels.failover()
                     what = "failovers"
+                elif self.cluster is not None:
+                    what = self.cluster_fault()
                 elif self.disturbed["connections dropped"] <= self.disturbed["node restarts"]:
                     self.rabbit.drop_connections()
                     what = "connections dropped"
@@ -636,7 +673,42 @@ class Chaos:
                 continue
             with self.lock:
                 self.disturbed[what] += 1
-                self.longest_disturbance = max(self.longest_disturbance, time.monotonic() - began)
+                took = time.monotonic() - began
+                self.longest_disturbance = max(self.longest_disturbance, took)
+                self.longest_of[what] = max(self.longest_of.get(what, 0.0), took)
+
+    def cluster_fault(self) -> str:
+        """One master of the cluster, at random, failed over: in turn a ``CLUSTER FAILOVER`` on
+        its replica (nothing acknowledged lost), or a SIGKILL, its replica promoted once the
+        others judge it failed, and the killed node started again at once (it rejoins as the
+        new master's replica: until then that slot range has no replica, so no replica
+        confirmation). It returns once the cluster is healthy again (``RedisClusterNodes``
+        waits for that); what it was is the count's name."""
+        nodes = self.cluster
+        master = self.fault_rng.choice(nodes.master_ports())
+        if self.cluster_faults % 2 == 0:
+            self.cluster_faults += 1
+            nodes.failover(master, timeout=60)
+            return "cluster failovers"
+        self.cluster_faults += 1
+        began = time.monotonic()
+        try:
+            nodes.kill_master(master, timeout=60)
+            promoted = time.monotonic() - began
+            with self.lock:
+                longest = self.longest_of.get(PROMOTED, 0.0)
+                self.longest_of[PROMOTED] = max(longest, promoted)
+        finally:
+            if nodes.server(master).process is None:  # whatever the wait said: back at once
+                nodes.restart(master, timeout=60)
+        return "masters killed"
+
+    def cluster_settled(self) -> None:
+        """Wait (60 s at most) for every slot to be served and every replica to be linked to
+        its master: no fault starts on a cluster still recovering from the last."""
+        from tests.reliability.sentinel_cluster import wait_until
+
+        wait_until(self.cluster._healthy, 60, "the cluster to be healthy before the next fault")
 
     def start_threads(self) -> None:
         self.threads = [
@@ -670,6 +742,12 @@ class Chaos:
             self.redis.stop()
         if self.sentinels is not None:
             self.sentinels.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
+        if self.broker_client is not None:
+            self.broker_client.close()
+        if self.broker_redis is not None:
+            self.broker_redis.stop()
         if self.rabbit is not None:
             self.rabbit.stop()
         if self.log_handler is not None:
@@ -953,8 +1031,9 @@ class Chaos:
                 time.sleep(0.2)
 
     def _broker_busy(self) -> bool:
-        """Messages queued, or delivered and not yet acknowledged (kombu's Redis keys; on
-        RabbitMQ, its queues' lengths, unacknowledged included)."""
+        """Messages queued, or delivered and not yet acknowledged (kombu's Redis keys, on the
+        store's Redis or the broker's own; on RabbitMQ, its queues' lengths, unacknowledged
+        included)."""
         import redis
 
         from saga.constants import TURN_QUEUE
@@ -963,7 +1042,7 @@ class Chaos:
         try:
             if self.rabbit is not None:
                 return bool(self.rabbit.messages())
-            client = self.saga.store.client
+            client = self.broker_client or self.saga.store.client
             return bool(client.llen("celery") or client.llen(TURN_QUEUE) or client.hlen("unacked"))
         except (redis.RedisError, StoreUnavailableError, RuntimeError, OSError):
             return True  # a failover or a restart: not quiet
@@ -1381,9 +1460,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--store",
-        choices=["redis", "sentinel"],
+        choices=["redis", "sentinel", "cluster"],
         default="redis",
-        help="the store: one Redis, or a master, a replica and three sentinels (failed over)",
+        help="the store: one Redis, a master, a replica and three sentinels, or a Redis Cluster "
+        "of three masters with a replica each (failed over)",
     )
     parser.add_argument(
         "--broker",
@@ -1392,7 +1472,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="the broker: the store's Redis, or a RabbitMQ node of the run's own (disturbed)",
     )
     parser.add_argument(
-        "--failover-every", type=float, default=20.0, help="seconds between Sentinel failovers"
+        "--failover-every",
+        type=float,
+        default=20.0,
+        help="seconds between store failovers (Sentinel's; a cluster master's: CLUSTER FAILOVER "
+        "and SIGKILL in turn)",
     )
     parser.add_argument(
         "--broker-fault-every",
@@ -1444,6 +1528,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{','.join(map(str, chaos.sentinels.sentinel_ports))}; failover every "
                 f"{args.failover_every:g}s), ledger on redis {chaos.redis.port}"
             )
+        if chaos.cluster is not None:
+            masters = chaos.cluster.master_ports()
+            replicas = sorted(set(chaos.cluster.ports) - set(masters))
+            where = (
+                f"store on a Redis Cluster (masters {','.join(map(str, masters))}, replicas "
+                f"{','.join(map(str, replicas))}; a master failed over every "
+                f"{args.failover_every:g}s, CLUSTER FAILOVER and SIGKILL in turn)"
+                + (f", broker on redis {chaos.broker_redis.port}" if chaos.broker_redis else "")
+                + f", ledger and results on redis {chaos.redis.port}"
+            )
         if chaos.rabbit is not None:
             where += (
                 f", broker RabbitMQ node {chaos.rabbit.name} on {chaos.rabbit.port} (a fault "
@@ -1483,6 +1577,7 @@ def main(argv: list[str] | None = None) -> int:
         reaped = dict(chaos.reaped)
         reaped_runs = dict(chaos.reaped_runs)
         disturbed = dict(chaos.disturbed)
+        longest_of = dict(chaos.longest_of)
         disturb_failures = list(chaos.disturb_failures)
         retried = dict(chaos.retried)
     finally:
@@ -1512,7 +1607,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.store != "redis" or args.broker != "redis":
         print(
             "disturbed: "
-            + (", ".join(f"{k} {v}" for k, v in sorted(disturbed.items())) or "nothing")
+            + (
+                ", ".join(
+                    f"{k} {v} (longest {longest_of.get(k, 0.0):.1f}s"
+                    + (
+                        f", replica promoted within {longest_of[PROMOTED]:.1f}s"
+                        if k == "masters killed" and PROMOTED in longest_of
+                        else ""
+                    )
+                    + ")"
+                    for k, v in sorted(disturbed.items())
+                )
+                or "nothing"
+            )
             + f" (the longest took {chaos.longest_disturbance:.1f}s); the agent retried: "
             + (", ".join(f"{k} {v}" for k, v in sorted(retried.items())) or "nothing")
         )
@@ -1567,6 +1674,7 @@ def main(argv: list[str] | None = None) -> int:
             "store": args.store,
             "broker": args.broker,
             "disturbed": disturbed,
+            "disturbed_longest": {k: round(v, 1) for k, v in longest_of.items()},
             "disturb_failures": disturb_failures,
             "agent_retries": retried,
             "figures": {k: v for k, v in figures.items() if k != "reconciled"},

@@ -42,6 +42,7 @@ from typing import Any
 
 import redis
 from celery import Celery, current_task
+from redis.exceptions import RedisClusterException
 
 from saga import (
     NonRetryableToolError,
@@ -487,13 +488,14 @@ def chaos_policy(transcript: Transcript, tools: Any) -> ModelTurn:
 
 def _loop_asked(run_id: str, turn: int) -> str | None:
     """The loop's own count of asks of ``turn``, from the saga's store (not the ledger's
-    Redis, when the two differ), read again through a failover."""
+    Redis, when the two differ), read again through a failover (a cluster's too: its client
+    says it could reach no node with a ``RedisClusterException``, no ``RedisError``)."""
     deadline = time.monotonic() + 30
     while True:
         try:
             value = saga.store.client.hget(agent_key(run_id), f"{turn}:asked")
             return None if value is None else str(value)
-        except redis.RedisError:
+        except (redis.RedisError, RedisClusterException):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)

@@ -11,7 +11,9 @@ would have ended, each effect and undo applied once, Redis and SQL agreeing.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +27,12 @@ from saga.aio import AsyncClient
 from saga.client import Client
 from saga.constants import TURN_QUEUE, IndexLayout, run_keys
 from saga.errors import ConfigurationError, StoreUnavailableError
+from saga.guard import lease_failover_problem
 from saga.listing import RunFilter, list_runs
 from saga.model import RunState
-from saga.stack import RunStore
+from saga.stack import ReplicaConfirmation, RunStore
 from saga.testing import Faults, RedisServer, WorkerProcess
+from saga.worker import guard_problems
 from tasks import systems
 from tasks.tools import tools
 from tests.conftest import ROOT, service_missing
@@ -54,16 +58,22 @@ def broker() -> Iterator[RedisServer]:
         yield server
 
 
+#: The caller's time limits, which the unwind's messages carry: those of the confirming
+#: worker (``_confirming``), so an undo whose record meets a master being killed waits out
+#: the promotion (a few seconds past cluster-node-timeout) instead of being cut short.
+CALLER_TIME_LIMIT = 15
+
+
 def _app(broker: RedisServer) -> Celery:
     app = Celery("cluster-test")
     app.config_from_object("celeryconfig")
-    options = {"visibility_timeout": VISIBILITY_TIMEOUT}
+    options = {"visibility_timeout": 20}
     app.conf.update(
         broker_url=broker.url,
         result_backend=broker.url,
         broker_transport_options=options,
-        task_time_limit=TIME_LIMIT,
-        task_soft_time_limit=TIME_LIMIT - 1,
+        task_time_limit=CALLER_TIME_LIMIT,
+        task_soft_time_limit=CALLER_TIME_LIMIT - 2,
     )
     return app
 
@@ -347,3 +357,69 @@ def test_a_run_is_indexed_before_its_keys_exist_though_they_live_on_two_masters(
     assert store.client.exists(run_keys(run_id)[0]) == 0
     store.forget(run_id)  # what the reaper does with an entry whose keys are not there
     assert store.due_at(run_id) is None
+
+
+def test_a_new_runs_index_entries_are_confirmed_on_their_own_master(
+    nodes: RedisClusterNodes, world: tuple[Saga, dict[str, str]]
+) -> None:
+    """With replica confirmation, a run's creation counts only once its index entries are on
+    a replica too: on a cluster they are on another master than the run's keys, whose replica
+    a ``WAIT`` on the run's master says nothing of. That replica paused: the creation is
+    ``StoreUnavailableError`` (the run's own master confirmed, the index's did not)."""
+    saga, _ = world
+    layout = saga.store.layout
+    run_id = next(
+        name
+        for name in (f"confirmed-index-{i}" for i in range(100))
+        if nodes.master_of_key(layout.active_of(name)) != nodes.master_of_key(run_keys(name)[0])
+    )
+    replica = nodes.server(nodes.replica_of(nodes.master_of_key(layout.active_of(run_id))))
+    assert replica.process is not None
+    confirming = RunStore.from_url(
+        nodes.url(), 60, confirmation=ReplicaConfirmation(1, 500), layout=layout
+    )
+    try:
+        os.kill(replica.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StoreUnavailableError, match="create was confirmed by 0 of 1"):
+                confirming.create(run_id, 60.0)
+        finally:
+            os.kill(replica.process.pid, signal.SIGCONT)
+        assert confirming.due_at(run_id) is not None  # it stands on the master, unconfirmed
+        wait_until(lambda: _created_again(confirming, run_id), 20, "the replica to catch up")
+    finally:
+        confirming.client.delete(*run_keys(run_id))
+        confirming.forget(run_id)
+        confirming.client.close()
+
+
+def _created_again(store: RunStore, run_id: str) -> bool:
+    """The same creation again converges (the run exists) and is confirmed now."""
+    try:
+        store.create(run_id, 60.0)
+    except StoreUnavailableError:
+        return False
+    return True
+
+
+def test_the_start_up_guard_reads_every_master_of_the_cluster(
+    nodes: RedisClusterNodes, world: tuple[Saga, dict[str, str]]
+) -> None:
+    """The guard's checks of the servers' own settings read each master (an evicting one
+    refuses the worker), and the failover-outlasts-the-lease warning reads the cluster's
+    ``cluster-node-timeout`` as it reads Sentinel's ``down-after-milliseconds``."""
+    saga, _ = world
+    assert guard_problems(saga.core) == []
+    assert lease_failover_problem(saga.core) is None  # 2 s: shorter than the lease
+    last = saga.store.servers()[-1]
+    try:
+        last.config_set("maxmemory-policy", "allkeys-lru")
+        for server in saga.store.servers():
+            server.config_set("cluster-node-timeout", 60000)
+        assert any("allkeys-lru" in problem for problem in guard_problems(saga.core))
+        problem = lease_failover_problem(saga.core)
+        assert problem is not None and "cluster-node-timeout (60 s)" in problem
+    finally:
+        last.config_set("maxmemory-policy", "noeviction")
+        for server in saga.store.servers():
+            server.config_set("cluster-node-timeout", 2000)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.reliability.chaos import HOSTED_KINDS, KINDS, WRITES, digest, make_plans
+from tests.reliability.chaos import HOSTED_KINDS, KINDS, WRITES, digest, make_plans, parse
 
 
 def test_the_same_seed_gives_the_same_plans_and_another_seed_others() -> None:
@@ -36,3 +36,11 @@ def test_hosted_turns_cover_the_steps_in_order_and_keep_writes_away_from_the_piv
             assert 2 <= hosted["give_up"] <= len(turns) + 1
         assert "abort_after" not in plan["agent"] and "abandon_after" not in plan["agent"]
     assert early > 100 and long < len(plans) / 20
+
+
+def test_every_store_and_broker_leg_is_a_choice() -> None:
+    for store in ("redis", "sentinel", "cluster"):
+        for broker in ("redis", "amqp"):
+            args = parse(["--store", store, "--broker", broker])
+            assert (args.store, args.broker) == (store, broker)
+    assert parse(["--store", "cluster"]).failover_every == 20.0

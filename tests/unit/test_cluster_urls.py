@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from redis.crc import key_slot
 from redis.exceptions import (
     AskError,
     ClusterDownError,
@@ -24,6 +25,7 @@ from saga.constants import (
     AWAITING_APPROVAL_KEY,
     CREATED_RUNS_KEY,
     IndexLayout,
+    confirm_probe_key,
 )
 from saga.errors import ConfigurationError, StoreUnavailableError
 from saga.redis_errors import unavailable
@@ -131,3 +133,15 @@ def test_a_cluster_failing_over_is_the_store_unavailable(error: Exception) -> No
     assert unavailable(error)
     with pytest.raises(StoreUnavailableError), reachable("test"):
         raise error
+
+
+def test_the_confirmation_probe_lands_in_the_slot_of_the_key_it_confirms() -> None:
+    layout = IndexLayout(16)
+    for key in (
+        "saga:{run-1}:run",
+        layout.active_of("run-1"),
+        ACTIVE_RUNS_KEY,
+        CREATED_RUNS_KEY,
+    ):
+        assert key_slot(confirm_probe_key(key).encode()) == key_slot(key.encode())
+    assert confirm_probe_key("saga:{run-1}:run") == "saga:{run-1}:confirm"

@@ -1,8 +1,9 @@
-"""The topology overrides (``compose.sentinel.yaml``, ``compose.rabbitmq.yaml``, and both) on
-top of compose.yaml, merged as ``docker compose -f ... -f ...`` merges them, checked where no
-Docker engine runs: every saga process reads the topology it is given (its environment run
-through saga's own settings and Celery defaults), each credential comes from a secret it
-mounts, and the servers' own configuration agrees with what saga is told."""
+"""The topology overrides (``compose.sentinel.yaml``, ``compose.cluster.yaml``,
+``compose.rabbitmq.yaml``, and RabbitMQ with either store) on top of compose.yaml, merged as
+``docker compose -f ... -f ...`` merges them, checked where no Docker engine runs: every saga
+process reads the topology it is given (its environment run through saga's own settings and
+Celery defaults), each credential comes from a secret it mounts, and the servers' own
+configuration agrees with what saga is told."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from saga.redis_urls import parse_sentinel
+from saga.redis_urls import is_cluster, parse_cluster, parse_sentinel
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ("migrate", "worker", "turns", "beat", "flower", "api")
@@ -25,6 +26,8 @@ TOPOLOGIES = {
     "sentinel": ["compose.sentinel.yaml"],
     "rabbitmq": ["compose.rabbitmq.yaml"],
     "rabbitmq+sentinel": ["compose.sentinel.yaml", "compose.rabbitmq.yaml"],
+    "cluster": ["compose.cluster.yaml"],
+    "rabbitmq+cluster": ["compose.cluster.yaml", "compose.rabbitmq.yaml"],
 }
 #: Sequences compose merges (by value) instead of replacing.
 MERGED_SEQUENCES = {"secrets", "volumes", "ports", "expose"}
@@ -80,6 +83,7 @@ for name, env in envs.items():
     out[name] = {
         "store": settings.redis_url,
         "confirm": settings.replicas_to_confirm,
+        "shards": settings.index_layout().shards,
         "broker": defaults.broker_url,
         "results": defaults.result_backend,
         "broker_options": defaults.broker_transport_options,
@@ -155,7 +159,11 @@ def test_on_sentinel_every_process_finds_the_master_through_the_sentinels(
 def test_on_rabbitmq_the_broker_has_its_password_from_its_secret_and_results_stay_on_redis(
     secrets_dir: Path,
 ) -> None:
-    for topology, results in (("rabbitmq", "redis://"), ("rabbitmq+sentinel", "sentinel://")):
+    for topology, results in (
+        ("rabbitmq", "redis://"),
+        ("rabbitmq+sentinel", "sentinel://"),
+        ("rabbitmq+cluster", "redis://"),  # compose.yaml's plain `redis`: never the cluster
+    ):
         read = _read_by_saga(_deployment(topology)["services"], secrets_dir)
         for name, seen in read.items():
             broker = urlsplit(seen["broker"])
@@ -168,6 +176,9 @@ def test_on_rabbitmq_the_broker_has_its_password_from_its_secret_and_results_sta
         if topology == "rabbitmq+sentinel":
             assert parse_sentinel(read["worker"]["store"]) is not None
             assert read["worker"]["result_options"]["master_name"] == MASTER
+        if topology == "rabbitmq+cluster":
+            assert parse_cluster(read["worker"]["store"]) is not None
+            assert urlsplit(read["worker"]["results"]).hostname == "redis"
 
 
 def test_both_redis_servers_can_be_master_and_the_sentinels_watch_the_one_saga_names() -> None:
@@ -216,3 +227,108 @@ def test_rabbitmq_is_configured_as_saga_is_told() -> None:
     assert any(v.endswith(":/var/lib/rabbitmq") for v in services["rabbitmq"]["volumes"])
     for name in ("worker", "turns", "beat", "api", "flower"):
         assert services[name]["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
+
+
+#: The saga processes that open the store (Flower reads the broker and the results only).
+STORE_USERS = ("migrate", "worker", "turns", "beat", "api")
+
+
+def _cluster_nodes(services: dict[str, Any]) -> dict[str, Any]:
+    return {
+        name: service
+        for name, service in services.items()
+        if "--cluster-enabled" in service.get("command", [])
+    }
+
+
+def _flags(command: list[str]) -> dict[str, str]:
+    return dict(zip(command[1::2], command[2::2], strict=True))
+
+
+def _acl(script: str, user: str) -> str:
+    """What ``--user <user>`` grants in a server's entrypoint script (up to the next user)."""
+    return script.split(f"--user {user} ", 1)[1].split(" --user ")[0].strip()
+
+
+@pytest.mark.parametrize("topology", ["cluster", "rabbitmq+cluster"])
+def test_on_the_cluster_the_store_names_every_node_and_the_broker_stays_off_it(
+    topology: str, secrets_dir: Path
+) -> None:
+    services = _deployment(topology)["services"]
+    nodes = _cluster_nodes(services)
+    read = _read_by_saga(services, secrets_dir)
+    named = {(service["hostname"], 6379) for service in nodes.values()}
+    for name in STORE_USERS:
+        seen = read[name]
+        store = parse_cluster(seen["store"])
+        assert store is not None, (topology, name)
+        assert set(store.nodes) == named and len(store.nodes) == len(named), (topology, name)
+        assert (store.username, store.password) == ("saga", "pw-redis_saga_password"), name
+        assert seen["confirm"] == 1, (topology, name)  # the writes that count wait for a replica
+        # Neither Celery's broker nor its results can be a cluster: both on the plain `redis`
+        # (or the broker on RabbitMQ), which is no cluster node.
+        assert not is_cluster(seen["broker"]) and not is_cluster(seen["results"]), name
+        assert urlsplit(seen["results"]).hostname == "redis" and "redis" not in nodes, name
+        if topology == "cluster":
+            assert seen["broker"] == "redis://saga:pw-redis_saga_password@redis:6379/0", name
+    # One index layout for every process (one configured otherwise refuses to start), as said.
+    said = {services[n]["environment"].get("SAGA_INDEX_SHARDS") for n in STORE_USERS}
+    assert len(said) == 1 and {read[n]["shards"] for n in STORE_USERS} == {int(said.pop())}
+    assert not any(is_cluster(str(url)) for url in read["flower"].values())
+
+
+def test_every_cluster_node_can_be_master_and_is_configured_as_saga_is_told() -> None:
+    services = _deployment("cluster")["services"]
+    nodes = _cluster_nodes(services)
+    first = next(iter(nodes.values()))
+    script, flags = first["entrypoint"][2], _flags(first["command"])
+    plain = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["redis"]
+    worker = services["worker"]["environment"]
+    create = services["cluster-create"]
+    replicas = int(create["environment"]["CLUSTER_REPLICAS"])
+    assert len(nodes) == 6 and len(nodes) // (1 + replicas) >= 3  # three masters at least
+    data = set()
+    for name, node in nodes.items():
+        # The same users, flags and replication login on each: any can be master or replica.
+        assert (node["entrypoint"], node["command"]) == (first["entrypoint"], first["command"])
+        assert node["hostname"] == name  # its name in the slot map and in MOVED answers
+        [volume] = [v for v in node["volumes"] if v.endswith(":/data")]  # nodes.conf, the AOF
+        data.add(volume)
+        assert set(re.findall(r"\(h (\w+)\)", script)) <= set(node["secrets"]), name
+        assert "healthcheck" in node and node["restart"] == "unless-stopped"
+    assert len(data) == len(nodes)  # a volume each
+    assert flags["--cluster-enabled"] == "yes"
+    assert flags["--cluster-config-file"].startswith("/data/")
+    assert flags["--cluster-preferred-endpoint-type"] == "hostname"
+    assert '--cluster-announce-hostname "$$(hostname)"' in script
+    assert flags["--appendfsync"] == "always" and flags["--maxmemory-policy"] == "noeviction"
+    assert flags["--repl-diskless-sync-delay"] == "0"  # a demoted master resyncs at once
+    # A master cut off from its replicas refuses writes rather than take ones a failover loses;
+    # each master has as many replicas as saga waits for.
+    confirm = int(worker["SAGA_REDIS_CONFIRM_REPLICAS"])
+    assert int(flags["--min-replicas-to-write"]) >= confirm and replicas >= confirm >= 1
+    assert "--user default off" in script and "masteruser replication" in script
+    assert _acl(script, "saga") == _acl(plain["entrypoint"][2], "saga")  # one saga login
+    assert _acl(script, "replication").endswith("-@all +psync +replconf +ping")
+    assert "'+cluster|slots'" in _acl(script, "readonly")  # a cluster client's first read
+    assert "--user flower" not in script  # Flower never opens the store
+    # The one-shot forms the cluster of the nodes saga names, once, with no password in sight.
+    told = parse_cluster(worker["SAGA_REDIS_URL"])
+    assert told is not None
+    assert set(create["environment"]["CLUSTER_NODES"].split()) == {
+        f"{h}:{p}" for h, p in told.nodes
+    }
+    created = create["entrypoint"][2]
+    for part in ("--cluster create", "--cluster-replicas", "--cluster-yes"):
+        assert part in created, part
+    assert "cluster_slots_assigned:0" in created  # skipped when the nodes hold slots already
+    assert "cluster_state:ok" in created  # and done only once every node says so
+    assert 'REDISCLI_AUTH="$$(cat /run/secrets/redis_admin_password)"' in created
+    assert not re.search(r"\s(-a|--pass)\s", created)
+    assert "redis_admin_password" in create["secrets"] and create["restart"] == "no"
+    assert "+@all" in _acl(script, "admin")
+    assert all(create["depends_on"][n]["condition"] == "service_healthy" for n in nodes)
+    for name in ("worker", "turns", "beat", "api"):
+        depends = services[name]["depends_on"]
+        assert depends["cluster-create"]["condition"] == "service_completed_successfully"
+        assert depends["redis"]["condition"] == "service_healthy"  # the broker's
