@@ -313,22 +313,23 @@ class _AsyncBlockingSentinelPool(_AsyncSentinelPool, aioredis.BlockingConnection
 def _master_options(found: SentinelUrl, options: dict[str, Any]) -> dict[str, Any]:
     kwargs = {k: v for k, v in options.items() if k != "sentinel_kwargs"}
     kwargs |= {"db": found.db, "check_connection": True}
-    if found.username:
-        kwargs["username"] = found.username
-    if found.password is not None:
-        kwargs["password"] = found.password
-    if found.tls:
-        kwargs["ssl"] = True
-    return kwargs
+    return _with_credentials(kwargs, found.username, found.password, found.tls)
 
 
 def _cluster_options(found: ClusterUrl, options: dict[str, Any]) -> dict[str, Any]:
     kwargs = {k: v for k, v in options.items() if k not in ("db", "sentinel_kwargs")}
-    if found.username:
-        kwargs["username"] = found.username
-    if found.password is not None:
-        kwargs["password"] = found.password
-    if found.tls:
+    return _with_credentials(kwargs, found.username, found.password, found.tls)
+
+
+def _with_credentials(
+    kwargs: dict[str, Any], username: str | None, password: str | None, tls: bool
+) -> dict[str, Any]:
+    """A client's options with the URL's user, password and TLS (a master's, a node's)."""
+    if username:
+        kwargs["username"] = username
+    if password is not None:
+        kwargs["password"] = password
+    if tls:
         kwargs["ssl"] = True
     return kwargs
 

@@ -32,13 +32,19 @@ CompensationBuilder = Callable[[dict[str, Any], Any], Undo]
 #: Finds a step's effect by its idempotency key: the result the call returned, or None if the
 #: effect never happened. Used to reconcile a step whose outcome is in doubt.
 EffectLookup = Callable[[str, dict[str, Any]], Any]
+#: Reads the system and says whether the effect made under this idempotency key is live now:
+#: ``False``/``0`` (never made, or undone), ``True``/``1`` (live), or how many times it is live
+#: (``2``: applied twice). ``saga drill`` judges each case by it, not by saga's own word.
+EffectVerify = Callable[[str, dict[str, Any]], bool | int]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _CONTEXT_PARAMETER = "ctx"
-_TOOL_OPTIONS = frozenset({"name", "compensation", "retry", "offered", "description", "lookup"})
+_TOOL_OPTIONS = frozenset(
+    {"name", "compensation", "retry", "offered", "description", "lookup", "verify"}
+)
 #: A compensation is never offered to the agent; register a tool with ``tool()`` to offer it
 #: (any registered tool can be named in an ``Undo``, as ``set_ticket_status`` undoes itself).
-_COMPENSATION_OPTIONS = frozenset({"name", "retry", "description"})
+_COMPENSATION_OPTIONS = frozenset({"name", "retry", "description", "verify"})
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,8 @@ class Tool:
     schema: type[BaseModel]
     wants_context: bool
     lookup: EffectLookup | None = None
+    #: Whether the effect is live in the system now (``saga.testing.drill`` asks it).
+    verify: EffectVerify | None = None
 
     def validate(self, args: dict[str, Any]) -> dict[str, Any]:
         """Check ``args`` against the schema; return them in JSON form, ready to send."""
@@ -125,7 +133,8 @@ class ToolRegistry:
 
         Options: ``compensation`` (required for classes 3 and 4, refused otherwise), ``retry``,
         ``name``, ``description``, ``offered`` (default True: the agent may call it), ``lookup``
-        (writes only: finds the effect by idempotency key when the step's outcome is in doubt).
+        (writes only: finds the effect by idempotency key when the step's outcome is in doubt),
+        ``verify`` (writes only: whether the effect is live now, for ``saga drill``).
         """
         _refuse_unknown(options, _TOOL_OPTIONS)
         try:
@@ -151,16 +160,25 @@ class ToolRegistry:
             lookup = options.get("lookup")
             if lookup is not None and (not callable(lookup) or not klass.is_write):
                 raise ToolDefinitionError(f"lookup of {name} must be callable, on a write tool")
+            verify = options.get("verify")
+            if verify is not None and (not callable(verify) or not klass.is_write):
+                raise ToolDefinitionError(f"verify of {name} must be callable, on a write tool")
             self._add(func, klass, options, DEFAULT_RETRY, offered_default=True)
             return func
 
         return register
 
     def compensation(self, **options: Any) -> Callable[[ToolFunction], ToolFunction]:
-        """Register a tool that exists to undo others; the agent is not offered it by default."""
+        """Register a tool that exists to undo others; the agent is not offered it by default.
+        ``verify``: how many times the undo made under an idempotency key was applied (for
+        ``saga drill``: ``2`` is an undo applied twice)."""
         _refuse_unknown(options, _COMPENSATION_OPTIONS)
 
         def register(func: ToolFunction) -> ToolFunction:
+            if options.get("verify") is not None and not callable(options["verify"]):
+                raise ToolDefinitionError(
+                    f"verify of {options.get('name', func.__name__)} must be callable"
+                )
             self._add(func, None, options, DEFAULT_COMPENSATION_RETRY, offered_default=False)
             return func
 
@@ -236,6 +254,7 @@ class ToolRegistry:
             schema=schema,
             wants_context=wants_context,
             lookup=options.get("lookup"),
+            verify=options.get("verify"),
         )
         for added in self._watchers:
             added(self._tools[name])

@@ -538,3 +538,27 @@ def outgoing_by_key(idempotency_key: str) -> Record | None:
     if row.channel == "mail":
         return {"message_id": f"msg_{row.id}", "to": row.recipient, "subject": row.subject}
     return {"delivery_id": f"wh_{row.id}", "url": row.recipient}
+
+
+# --- whether an effect is live now (``saga drill`` judges each run by these) ----------------
+
+
+def credit_live(idempotency_key: str) -> int:
+    """1 if the credit issued under this key stands (no reversal points at it), else 0."""
+    with _reading(BILLING) as conn:
+        row = _first(conn, _ledger, _ledger.c.idempotency_key == idempotency_key)
+        if row is None or row.kind != "credit":
+            return 0
+        reversal = _first(conn, _ledger, _ledger.c.reverses_entry_id == row.entry_id)
+    return 0 if reversal is not None else 1
+
+
+def status_change_live(idempotency_key: str) -> int:
+    """1 if the ticket's latest status change is the one made under this key, else 0."""
+    with _reading(TICKETS) as conn:
+        change = _first(conn, _history, _history.c.idempotency_key == idempotency_key)
+        if change is None:
+            return 0
+        stmt = sa.select(_history.c.idempotency_key).where(_history.c.ticket_id == change.ticket_id)
+        latest = conn.scalar(stmt.order_by(_history.c.id.desc()).limit(1))
+    return 1 if latest == idempotency_key else 0

@@ -44,6 +44,7 @@ def _find(lookup: Any) -> Any:
     compensation=_reverse_the_credit,
     retry=QUICK,
     lookup=_find(systems.credit_by_key),
+    verify=_find(systems.credit_live),
 )
 def issue_credit(ctx: StepContext, order_id: int, amount_cents: int, memo: str = "") -> Any:
     """Credit a customer (class 4: undone by a new, visible reversing entry)."""
@@ -72,6 +73,7 @@ def _restore_status(args: dict[str, Any], result: dict[str, Any]) -> Undo:
     compensation=_restore_status,
     retry=QUICK,
     lookup=_find(systems.status_change_by_key),
+    verify=_find(systems.status_change_live),
 )
 def set_ticket_status(ctx: StepContext, ticket_id: int, status: str) -> dict[str, Any]:
     """Change a ticket's status (class 3: undone by restoring the captured previous status)."""

@@ -15,6 +15,7 @@ import click
 from saga.cli.context import EXIT_CODES_HELP, Env, ExitCode, Failure
 from saga.cli.db import db
 from saga.cli.doctor import doctor
+from saga.cli.drill import drill
 from saga.cli.escalations import escalation, escalations
 from saga.cli.indexes import indexes
 from saga.cli.operate import reap, requeue, resolve
@@ -155,6 +156,7 @@ cli.add_command(db)
 cli.add_command(indexes)
 cli.add_command(tokens)
 cli.add_command(serve)
+cli.add_command(drill)
 
 
 def main() -> None:

@@ -7,8 +7,11 @@ tests against a real worker; these make that cheap:
 - ``faults``: failures injected into real workers (``Faults``, per tool ``ToolFaults``);
 - ``fake_models``: a scripted model that answers in each wire format saga speaks, through the
   SDK's own transport or on a loopback port the workers reach;
+- ``drill``: one scenario replayed once per fault, judged by the tools' ``verify``
+  (``Drill``; ``saga drill`` on the command line);
 - ``plugin``: the pytest plugin (fixtures ``saga_app``, ``saga_worker``, ``saga_faults``,
-  ``saga_model``, ...), loaded by ``pip install saga-compensation``. See ``docs/testing.md``.
+  ``saga_model``, ``saga_drill``, ...), loaded by ``pip install saga-compensation``. See
+  ``docs/testing.md``.
 
 The names below load their module on first use: the pytest plugin (``saga.testing.plugin``,
 loaded by every pytest run where saga is installed) must cost nothing until a test asks.
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 # For type checkers: these names are exported lazily (``__getattr__`` below), so importing the
 # kit loads no worker process code until a name is used.
 if TYPE_CHECKING:
+    from saga.testing.drill import Drill, DrillReport
     from saga.testing.faults import (
         FAULT_POINTS,
         FAULTS_ENV,
@@ -33,6 +37,8 @@ if TYPE_CHECKING:
     from saga.testing.processes import RedisServer, WorkerProcess, free_port
 
 _LAZY = {
+    "Drill": "saga.testing.drill",
+    "DrillReport": "saga.testing.drill",
     "FAULT_POINTS": "saga.testing.faults",
     "FAULTS_ENV": "saga.testing.faults",
     "TOOL_POINTS": "saga.testing.faults",
@@ -59,6 +65,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Drill",
+    "DrillReport",
     "FAULTS_ENV",
     "FAULT_POINTS",
     "TOOL_POINTS",

@@ -38,8 +38,12 @@ class Faults(FaultPoints):
         point = "after_effect" if after_effect else "before_effect"
         return self._add(point, tool, "raise", nth, times)
 
-    def fail_compensation(self, tool: str, *, times: int = 1, nth: int = 1) -> str:
-        return self._add("before_compensation", tool, "raise", nth, times)
+    def fail_compensation(
+        self, tool: str, *, times: int = 1, nth: int = 1, after_effect: bool = False
+    ) -> str:
+        """Raise in the compensation ``tool`` (``after_effect``: once its effect happened)."""
+        point = "after_compensation" if after_effect else "before_compensation"
+        return self._add(point, tool, "raise", nth, times)
 
     def kill(self, point: str, tool: str = "", *, nth: int = 1, whole_worker: bool = False) -> str:
         """SIGKILL the pool process (or the whole worker) when ``point`` is reached."""
@@ -118,10 +122,13 @@ class ToolFaults:
             raise ValueError(f"at={at!r} is not a point of a tool; known: {', '.join(TOOL_POINTS)}")
         return self.faults.kill(at, self.tool, nth=nth, whole_worker=whole)
 
-    def fail_compensation(self, times: int = 1, *, nth: int = 1) -> str:
+    def fail_compensation(self, times: int = 1, *, nth: int = 1, after_effect: bool = False) -> str:
         """Raise in this compensation ``times`` times from its ``nth`` call: past its retries
-        the run escalates; fewer, and the retries see it through."""
-        return self.faults.fail_compensation(self.tool, times=times, nth=nth)
+        the run escalates; fewer, and the retries see it through. ``after_effect``: raise once
+        the undo's effect happened (its retry must meet the same idempotency key)."""
+        return self.faults.fail_compensation(
+            self.tool, times=times, nth=nth, after_effect=after_effect
+        )
 
     def delay(self, seconds: float, *, at: str = "before_effect", nth: int = 1) -> str:
         """Sleep ``seconds`` at ``at`` (a slow system; a window for another fault)."""

@@ -16,6 +16,9 @@ Options (command line, or the ini file):
 - ``--saga-task-time-limit`` / ``saga_task_time_limit``: ``SAGA_TASK_TIME_LIMIT`` for the app
   (default 5 s). A delivery killed mid-step holds its step's lease for the time limit plus 2 s;
   a short one lets a kill test see the redelivery within seconds.
+- ``--saga-drill-max-cases`` / ``saga_drill_max_cases`` and ``--saga-drill-seed`` /
+  ``saga_drill_seed``: the budget of ``saga_drill`` (fault cases sampled with the seed) when a
+  test does not set one.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 # Types only: the plugin loads with every test session; its fixtures import these on use.
 if TYPE_CHECKING:
     from saga.engine import Saga
+    from saga.testing.drill import DrillReport, Scenario
     from saga.testing.fake_models import FakeModel
     from saga.testing.faults import Faults
     from saga.testing.processes import WorkerProcess
@@ -52,6 +56,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ("include", "modules the worker imports besides the app's, comma separated (--include)"),
         ("worker-concurrency", "the test worker's pool size (default 2)"),
         ("task-time-limit", f"SAGA_TASK_TIME_LIMIT in the tests (default {DEFAULT_TIME_LIMIT})"),
+        ("drill-max-cases", "saga_drill: play at most N fault cases, sampled (default: all)"),
+        ("drill-seed", "saga_drill: the sampling's seed (default 0)"),
     )
     for name, help_text in options:
         ini = f"saga_{name.replace('-', '_')}"
@@ -262,3 +268,54 @@ def saga_faults(saga_app: Saga) -> Iterator[Faults]:
     faults.clear()
     yield faults
     faults.clear()
+
+
+class SagaDrill:
+    """``saga_drill(scenario)``: the drill (``saga.testing.drill``) on the session's worker;
+    fails the test with the fault x outcome matrix on any mismatch. ``.run(...)`` returns the
+    report without failing."""
+
+    def __init__(self, saga: Saga, worker: WorkerProcess, config: pytest.Config) -> None:
+        self.saga = saga
+        self.worker = worker
+        max_cases = _option(config, "saga_drill_max_cases")
+        self.max_cases = int(max_cases) if max_cases else None
+        self.seed = int(_option(config, "saga_drill_seed") or 0)
+
+    def run(
+        self,
+        scenario: Scenario,
+        *,
+        max_cases: int | None = None,
+        seed: int | None = None,
+        kinds: list[str] | None = None,
+        timeout: float = 60.0,
+    ) -> DrillReport:
+        # Imported on use: the plugin loads with every test session.
+        from saga.testing.drill import Drill
+
+        drill = Drill(self.saga, scenario, timeout=timeout, progress=print, worker=self.worker)
+        return drill.run(
+            max_cases=self.max_cases if max_cases is None else max_cases,
+            seed=self.seed if seed is None else seed,
+            kinds=kinds,
+        )
+
+    def __call__(self, scenario: Scenario, **options: Any) -> DrillReport:
+        # Imported on use: the plugin loads with every test session.
+        from saga.testing.drill_report import to_text
+
+        report = self.run(scenario, **options)
+        if not report.ok:
+            pytest.fail(f"saga drill found mismatches:\n{to_text(report)}", pytrace=False)
+        return report
+
+
+@pytest.fixture
+def saga_drill(
+    saga_app: Saga, saga_worker: WorkerProcess, pytestconfig: pytest.Config
+) -> SagaDrill:
+    """Replay a scenario (a function taking a ``Run``) once per fault on the session's worker
+    and judge each run by the tools' ``verify``: ``saga_drill(scenario, max_cases=8, seed=1)``
+    fails the test on any mismatch; ``saga_drill.run(...)`` returns the report."""
+    return SagaDrill(saga_app, saga_worker, pytestconfig)

@@ -537,3 +537,35 @@ def test_doctor_sees_every_worker_of_a_host_even_under_one_name(world: World) ->
     assert checks["worker names"]["status"] == "warn"
     assert "give each its own -n" in checks["worker names"]["detail"]
     redis_client(url).flushdb()
+
+
+@SQLITE_ONLY
+def test_the_indexes_are_shown_resharded_and_a_process_sharding_otherwise_refused(
+    world: World,
+) -> None:
+    # Given runs indexed in the store's one (unsharded) shard, and a reaper pass just now
+    runs = [world.saga.start_run() for _ in range(3)]
+    shown = world.cli_json("indexes")
+    assert (shown["recorded"], shown["configured"]) == (1, 1)
+    assert sum(shown["sizes"]["created"]) >= 3
+    world.saga.store.note_reaper_pass()
+
+    # When a process configured for 4 shards looks, and the indexes are resharded to 4
+    refused = world.cli("indexes", SAGA_INDEX_SHARDS="4")
+    live = world.cli("indexes", "reshard", "--shards", "4")
+    moved = world.cli("indexes", "reshard", "--shards", "4", "--force", "--json")
+
+    # Then it is told to reshard; a reshard beside a live reaper is refused; with --force the
+    # entries move, the 4-shard process agrees, and the old count is refused in turn
+    assert refused.returncode == 1 and "configured for 4 shard(s)" in refused.stderr
+    assert live.returncode == 1 and "beat and a worker still run" in live.stderr
+    assert moved.returncode == 0, moved.stderr
+    found = json.loads(moved.stdout)
+    assert (found["from"], found["to"]) == (1, 4) and found["moved"]["created"] >= 3
+    assert json.loads(world.cli("indexes", "--json", SAGA_INDEX_SHARDS="4").stdout)["recorded"] == 4
+    assert world.cli("indexes").returncode == 1
+    back = world.cli("indexes", "reshard", "--shards", "1", "--force")
+    assert back.returncode == 0, back.stderr
+    assert {r.run_id for r in runs} <= set(world.saga.store.active_runs())
+    for run in runs:
+        run.abort("not driven by this test")

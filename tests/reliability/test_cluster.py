@@ -31,13 +31,19 @@ from saga.guard import lease_failover_problem
 from saga.listing import RunFilter, list_runs
 from saga.model import RunState
 from saga.stack import ReplicaConfirmation, RunStore
-from saga.testing import Faults, RedisServer, WorkerProcess
+from saga.testing import RedisServer, WorkerProcess
 from saga.worker import guard_problems
 from tasks import systems
 from tasks.tools import tools
 from tests.conftest import ROOT, service_missing
-from tests.integration.helpers import CREDIT, ORDER, demo_steps, wait_until
+from tests.integration.helpers import demo_steps, wait_until
 from tests.reliability.conftest import TIME_LIMIT, VISIBILITY_TIMEOUT
+from tests.reliability.failover_drive import (
+    FAILOVER_POINTS,
+    confirming,
+    faults_on,
+    run_through_failover,
+)
 from tests.reliability.redis_cluster import RedisClusterNodes
 from tests.reliability.test_hosted_crashes import check_once_each, completed
 
@@ -59,7 +65,7 @@ def broker() -> Iterator[RedisServer]:
 
 
 #: The caller's time limits, which the unwind's messages carry: those of the confirming
-#: worker (``_confirming``), so an undo whose record meets a master being killed waits out
+#: worker (``confirming``), so an undo whose record meets a master being killed waits out
 #: the promotion (a few seconds past cluster-node-timeout) instead of being cut short.
 CALLER_TIME_LIMIT = 15
 
@@ -189,34 +195,12 @@ def test_a_process_sharding_otherwise_refuses_until_the_indexes_are_resharded(
         run.abort("not driven by this test")
 
 
-def _faults(saga: Saga, monkeypatch: pytest.MonkeyPatch) -> Faults:
-    monkeypatch.setenv("SAGA_TESTING_FAULTS", "1")
-    return Faults(saga.store.client)
-
-
-def _confirming(env: dict[str, str]) -> dict[str, str]:
-    """A worker that confirms its writes with a replica of their master (``WAIT`` on the
-    master of the run's slot), faults on, and a time limit a failover's wait fits in."""
-    return {
-        **env,
-        "SAGA_TESTING_FAULTS": "1",
-        "SAGA_REDIS_CONFIRM_REPLICAS": "1",
-        "SAGA_TASK_TIME_LIMIT": "15",
-        "SAGA_VISIBILITY_TIMEOUT": "20",
-    }
-
-
-#: Where the failover strikes (as in test_sentinel): while the credit runs; once its success
-#: and undo are recorded, before its message is acked; while its reversal runs; once the
-#: unwind's conclusion is in Redis, before its SQL record is. Each by ``CLUSTER FAILOVER`` of
-#: the run's master, and mid-step also by that master killed (its replica promoted).
-FAILOVER_POINTS = {
-    "mid-step": ("issue_credit", "before_effect", "failover"),
-    "mid-step-master-killed": ("issue_credit", "before_effect", "kill"),
-    "between-the-push-and-the-ack": ("issue_credit", "after_push", "failover"),
-    "during-the-unwind": ("reverse_credit", "before_compensation", "failover"),
-    "during-the-unwind-master-killed": ("reverse_credit", "before_compensation", "kill"),
-    "during-the-conclusion": ("", "after_conclusion", "failover"),
+#: ``FAILOVER_POINTS`` by ``CLUSTER FAILOVER`` of the run's master, and mid-step and during the
+#: unwind also by that master killed (its replica promoted).
+CLUSTER_POINTS = {
+    **{name: (*where, "failover") for name, where in FAILOVER_POINTS.items()},
+    "mid-step-master-killed": (*FAILOVER_POINTS["mid-step"], "kill"),
+    "during-the-unwind-master-killed": (*FAILOVER_POINTS["during-the-unwind"], "kill"),
 }
 
 
@@ -232,7 +216,7 @@ def _fail_over(nodes: RedisClusterNodes, run_id: str, how: str) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("point", list(FAILOVER_POINTS))
+@pytest.mark.parametrize("point", list(CLUSTER_POINTS))
 def test_a_master_failover_with_replica_confirmation_loses_nothing_and_applies_nothing_twice(
     nodes: RedisClusterNodes,
     world: tuple[Saga, dict[str, str]],
@@ -241,52 +225,13 @@ def test_a_master_failover_with_replica_confirmation_loses_nothing_and_applies_n
     point: str,
 ) -> None:
     saga, env = world
-    faults = _faults(saga, monkeypatch)
+    faults = faults_on(saga, monkeypatch)
     worker = WorkerProcess(
-        "tasks.app", env=_confirming(env), concurrency=1, cwd=ROOT, logfile=tmp_path / "worker.log"
+        "tasks.app", env=confirming(env), concurrency=1, cwd=ROOT, logfile=tmp_path / "worker.log"
     )
-    tool, at, how = FAILOVER_POINTS[point]
-    forward = at in ("before_effect", "after_push")
+    tool, at, how = CLUSTER_POINTS[point]
     with worker:
-        run = saga.start_run()
-        run.call("get_order", order_id=ORDER).result(timeout=30)
-        delayed = faults.delay(tool, 3.0, point=at)
-        credit = run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="late")
-        if forward:
-            wait_until(lambda: faults.hits(delayed) > 0, 30, f"the credit to reach {at}")
-            _fail_over(nodes, run.run_id, how)
-            assert credit.result(timeout=90)["amount_cents"] == CREDIT
-            ended = _finish(run, 90)
-            expected, reversals = RunState.COMPLETED, 0
-        else:
-            credit.result(timeout=30)
-            run.abort("the customer cancelled")
-            wait_until(lambda: faults.hits(delayed) > 0, 30, f"the unwind to reach {at}")
-            _fail_over(nodes, run.run_id, how)
-            ended = run.wait(timeout=90)
-            expected, reversals = RunState.COMPENSATED, 1
-    assert faults.hits(delayed) >= 1
-    assert ended.state is expected, (ended.state, ended.reason)
-    ledger = [r for r in systems.ledger() if r["idempotency_key"].startswith(f"{run.run_id}:")]
-    assert sum(r["kind"] == "credit" for r in ledger) == 1
-    assert sum(r["kind"] == "reversal" for r in ledger) == reversals
-    record = saga.records.run(run.run_id)
-    assert record is not None and record.state == expected.value
-    assert saga.picture(run.run_id).state is expected  # the new master's keys
-
-
-def _finish(run: Any, timeout: float) -> Any:
-    """``Run.finish``, retried while the store is still away (a killed master's slots are
-    without a master until its replica is promoted: the caller's retry, as an agent's)."""
-    from saga.errors import StoreUnavailableError
-
-    def attempt() -> Any:
-        try:
-            return run.finish(timeout=timeout)
-        except StoreUnavailableError:
-            return None
-
-    return wait_until(attempt, timeout, "the run to finish")
+        run_through_failover(saga, faults, tool, at, lambda run_id: _fail_over(nodes, run_id, how))
 
 
 @pytest.mark.timeout(300)
@@ -300,14 +245,14 @@ def test_a_master_failover_during_a_hosted_turn_dispatches_each_call_once(
     calls (paused after the first): each call dispatched and applied once, the model asked
     once a turn, the run completed in Redis and in SQL."""
     saga, env = world
-    faults = _faults(saga, monkeypatch)
-    confirming = _confirming(env)
+    faults = faults_on(saga, monkeypatch)
+    confirming_env = confirming(env)
     tools_worker = WorkerProcess(
-        HOSTED_APP, env=confirming, concurrency=2, cwd=ROOT, logfile=tmp_path / "tools.log"
+        HOSTED_APP, env=confirming_env, concurrency=2, cwd=ROOT, logfile=tmp_path / "tools.log"
     )
     turns_worker = WorkerProcess(
         HOSTED_APP,
-        env=confirming,
+        env=confirming_env,
         concurrency=4,
         pool="threads",
         extra_args=["-Q", TURN_QUEUE],
@@ -375,22 +320,22 @@ def test_a_new_runs_index_entries_are_confirmed_on_their_own_master(
     )
     replica = nodes.server(nodes.replica_of(nodes.master_of_key(layout.active_of(run_id))))
     assert replica.process is not None
-    confirming = RunStore.from_url(
+    strict = RunStore.from_url(
         nodes.url(), 60, confirmation=ReplicaConfirmation(1, 500), layout=layout
     )
     try:
         os.kill(replica.process.pid, signal.SIGSTOP)
         try:
             with pytest.raises(StoreUnavailableError, match="create was confirmed by 0 of 1"):
-                confirming.create(run_id, 60.0)
+                strict.create(run_id, 60.0)
         finally:
             os.kill(replica.process.pid, signal.SIGCONT)
-        assert confirming.due_at(run_id) is not None  # it stands on the master, unconfirmed
-        wait_until(lambda: _created_again(confirming, run_id), 20, "the replica to catch up")
+        assert strict.due_at(run_id) is not None  # it stands on the master, unconfirmed
+        wait_until(lambda: _created_again(strict, run_id), 20, "the replica to catch up")
     finally:
-        confirming.client.delete(*run_keys(run_id))
-        confirming.forget(run_id)
-        confirming.client.close()
+        strict.client.delete(*run_keys(run_id))
+        strict.forget(run_id)
+        strict.client.close()
 
 
 def _created_again(store: RunStore, run_id: str) -> bool:

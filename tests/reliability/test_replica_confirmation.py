@@ -319,9 +319,9 @@ def test_a_confirmation_covers_the_writes_of_other_connections_too(
 
         # Then the store's confirmation does not call it held
         with pytest.raises(StoreUnavailableError, match="confirmed by 0 of 1"):
-            store.confirm("a write made on another connection")
+            store.confirm("a write made on another connection", "some-run")
         replica.resume()
-        until_confirmed(lambda: store.confirm("the same, the replica back"))
+        until_confirmed(lambda: store.confirm("the same, the replica back", "some-run"))
         assert replica.client.get("saga:test:written-elsewhere") == "1"
     finally:
         store.client.close()

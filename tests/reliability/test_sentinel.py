@@ -28,13 +28,19 @@ from saga.guard import configuration_problems, lease_failover_problem
 from saga.model import RunState
 from saga.redis_urls import kombu_url, redis_client
 from saga.stack import RunStore
-from saga.testing import Faults, WorkerProcess
+from saga.testing import WorkerProcess
 from saga.transport import SentinelChannel, use_pooled_client_transport
 from tasks import systems
 from tasks.tools import tools
 from tests.conftest import ROOT, service_missing
-from tests.integration.helpers import CREDIT, ORDER, demo_steps, wait_until
+from tests.integration.helpers import demo_steps, wait_until
 from tests.reliability.conftest import TIME_LIMIT, VISIBILITY_TIMEOUT
+from tests.reliability.failover_drive import (
+    FAILOVER_POINTS,
+    confirming,
+    faults_on,
+    run_through_failover,
+)
 from tests.reliability.sentinel_cluster import MASTER, SentinelCluster, role
 from tests.reliability.test_hosted_crashes import check_once_each, completed
 
@@ -206,37 +212,6 @@ def test_the_guard_warns_when_a_failover_may_outlast_a_turns_asking_lease(
             sentinel.close()
 
 
-def _faults(saga: Saga, monkeypatch: pytest.MonkeyPatch) -> Faults:
-    monkeypatch.setenv("SAGA_TESTING_FAULTS", "1")
-    return Faults(saga.store.client)
-
-
-def _confirming(env: dict[str, str]) -> dict[str, str]:
-    """A worker's environment that confirms its writes with the replica, and has faults on.
-
-    A time limit the wait for a replica after the failover fits in (the new master has none
-    until the old one rejoins it): the tests' 5 s would cut the step short. The visibility
-    timeout just above it: a delivery whose ack the failover lost comes back then."""
-    return {
-        **env,
-        "SAGA_TESTING_FAULTS": "1",
-        "SAGA_REDIS_CONFIRM_REPLICAS": "1",
-        "SAGA_TASK_TIME_LIMIT": "15",
-        "SAGA_VISIBILITY_TIMEOUT": "20",
-    }
-
-
-#: Where the failover strikes: while the credit runs; once its success and undo are recorded,
-#: before its message is acknowledged; while its reversal runs; once the unwind's conclusion
-#: is written in Redis, before its SQL record is.
-FAILOVER_POINTS = {
-    "mid-step": ("issue_credit", "before_effect"),
-    "between-the-push-and-the-ack": ("issue_credit", "after_push"),
-    "during-the-unwind": ("reverse_credit", "before_compensation"),
-    "during-the-conclusion": ("", "after_conclusion"),
-}
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("point", list(FAILOVER_POINTS))
 def test_a_failover_with_replica_confirmation_loses_nothing_and_applies_nothing_twice(
@@ -247,41 +222,15 @@ def test_a_failover_with_replica_confirmation_loses_nothing_and_applies_nothing_
     point: str,
 ) -> None:
     """``SENTINEL FAILOVER`` at each point of a run (``FAILOVER_POINTS``), under a worker that
-    confirms its writes with the replica: the run ends as it would have without the failover,
-    each effect and undo applied once, and Redis (the new master) and SQL agree."""
+    confirms its writes with the replica (``run_through_failover`` says what must hold)."""
     saga, env = world
-    faults = _faults(saga, monkeypatch)
+    faults = faults_on(saga, monkeypatch)
     worker = WorkerProcess(
-        "tasks.app", env=_confirming(env), concurrency=1, cwd=ROOT, logfile=tmp_path / "worker.log"
+        "tasks.app", env=confirming(env), concurrency=1, cwd=ROOT, logfile=tmp_path / "worker.log"
     )
     tool, at = FAILOVER_POINTS[point]
-    forward = at in ("before_effect", "after_push")
     with worker:
-        run = saga.start_run()
-        run.call("get_order", order_id=ORDER).result(timeout=30)
-        delayed = faults.delay(tool, 3.0, point=at)
-        credit = run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="late")
-        if forward:
-            wait_until(lambda: faults.hits(delayed) > 0, 30, f"the credit to reach {at}")
-            cluster.failover()
-            assert credit.result(timeout=90)["amount_cents"] == CREDIT
-            ended = run.finish(timeout=90)
-            expected, reversals = RunState.COMPLETED, 0
-        else:
-            credit.result(timeout=30)
-            run.abort("the customer cancelled")
-            wait_until(lambda: faults.hits(delayed) > 0, 30, f"the unwind to reach {at}")
-            cluster.failover()
-            ended = run.wait(timeout=90)
-            expected, reversals = RunState.COMPENSATED, 1
-    assert faults.hits(delayed) >= 1
-    assert ended.state is expected, (ended.state, ended.reason)
-    ledger = [r for r in systems.ledger() if r["idempotency_key"].startswith(f"{run.run_id}:")]
-    assert sum(r["kind"] == "credit" for r in ledger) == 1
-    assert sum(r["kind"] == "reversal" for r in ledger) == reversals
-    record = saga.records.run(run.run_id)
-    assert record is not None and record.state == expected.value
-    assert saga.picture(run.run_id).state is expected  # the new master's keys
+        run_through_failover(saga, faults, tool, at, lambda _: cluster.failover())
     assert _served_by(saga.store.client) == cluster.master_port()
 
 
@@ -296,14 +245,14 @@ def test_a_failover_during_a_hosted_turn_dispatches_each_call_once_and_asks_the_
     first): the turn plays on against the new master, each call dispatched and applied once,
     the model asked once a turn, and the run completes in Redis and in SQL."""
     saga, env = world
-    faults = _faults(saga, monkeypatch)
-    confirming = _confirming(env)
+    faults = faults_on(saga, monkeypatch)
+    confirming_env = confirming(env)
     tools_worker = WorkerProcess(
-        HOSTED_APP, env=confirming, concurrency=2, cwd=ROOT, logfile=tmp_path / "tools.log"
+        HOSTED_APP, env=confirming_env, concurrency=2, cwd=ROOT, logfile=tmp_path / "tools.log"
     )
     turns_worker = WorkerProcess(
         HOSTED_APP,
-        env=confirming,
+        env=confirming_env,
         concurrency=4,
         pool="threads",
         extra_args=["-Q", TURN_QUEUE],

@@ -1,0 +1,89 @@
+"""``saga drill`` as a user runs it: the command in a subprocess (its own redis-server and
+worker), on the demo's credit scenario, which passes, and on ``examples/drill``, whose broken
+undos it names; and the plugin's ``saga_drill`` fixture in that example's own pytest run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, service_missing
+from tests.integration.test_testing_kit import pytest_in
+
+EXAMPLE = ROOT / "examples" / "drill"
+SAGA = [sys.executable, "-m", "saga.cli"]
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(autouse=True)
+def _redis_server() -> None:
+    if shutil.which("redis-server") is None:
+        service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
+
+
+def saga_drill(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``saga drill ARGS`` in ``cwd``, with none of this session's saga settings."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SAGA_", "PYTEST_"))}
+    return subprocess.run(
+        [*SAGA, "drill", *args],
+        cwd=cwd,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+
+
+def test_the_demo_credit_scenario_passes_a_sampled_drill(tmp_path: Path) -> None:
+    # When the credit scenario is drilled, 7 cases sampled with a seed
+    args = ["--app", "tasks.app:saga", "--scenario", "tasks.scenarios:credit_refund"]
+    args += ["--max-cases", "7", "--seed", "4", "--json", str(tmp_path / "drill.json")]
+    done = saga_drill(ROOT, *args, SAGA_DEMO_DATA=str(tmp_path / "data"))
+
+    # Then every case agrees with the world, and the JSON says which were played
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert "0 mismatch(es)" in done.stdout
+    report = json.loads((tmp_path / "drill.json").read_text())
+    assert report["ok"] is True and report["skipped"] == 13
+    assert len(report["cases"]) == 8  # the clean run and 7 faults
+    assert "[7/7]" in done.stderr  # progress, one line per case
+
+
+def test_the_drill_names_the_broken_undos_and_exits_non_zero(tmp_path: Path) -> None:
+    # When the example's booking is drilled on its aborts and its undos failing after effect
+    args = ["--app", "trips.app:saga", "--scenario", "trips.scenario:book_trip"]
+    args += ["--fault", "aborted_after", "--fault", "undo_fails_after_effect"]
+    done = saga_drill(EXAMPLE, *args, "--markdown", str(tmp_path / "drill.md"))
+
+    # Then it fails, naming the fault, the tool and the effect
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert (
+        "  MISMATCH aborted_after @ step 3 (charge_card): step 2 (charge_card): "
+        "saga reports it undone, but the effect is live"
+    ) in lines
+    assert (
+        "  MISMATCH undo_fails_after_effect @ step 1 (release_seat): step 1 (hold_seat): "
+        "the undo was applied 2 times under one idempotency key"
+    ) in lines
+    markdown = (tmp_path / "drill.md").read_text()
+    assert "**failed**" in markdown and "#### Mismatches" in markdown
+
+
+def test_an_unknown_fault_kind_is_a_usage_error() -> None:
+    done = saga_drill(ROOT, "--app", "tasks.app:saga", "--scenario", "x:y", "--fault", "typo")
+    assert done.returncode == 2 and "unknown --fault typo" in done.stderr
+
+
+def test_the_example_drills_itself_with_the_plugin_fixture() -> None:
+    done = pytest_in(EXAMPLE, "-rA")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "1 passed, 1 xfailed" in done.stdout
