@@ -47,8 +47,11 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
         task_id,
         unwind,
         core.lease_seconds,
+        core.settings.reversal_ask_seconds,
     )
-    if begin.status in ("done", "failed"):  # settled already (a redelivery): pass the chain on
+    if begin.status in ("ask", "asked"):  # a person decides first: the unwind waits here
+        return _ask(core, task, run_id, step, tool, begin.status, str(begin.values[0]))
+    if begin.status in ("done", "failed", "kept"):  # settled already: pass the chain on
         logger.info("run %s: compensation of step %d already %s", run_id, step, begin.status)
         _conclude_here(core, task, run_id)
         return {"compensated": step, "replayed": True}
@@ -96,6 +99,30 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
     metrics.compensation(tool.name, "done")
     _conclude_here(core, task, run_id)
     return {"compensated": step}
+
+
+def _ask(
+    core: Core, task: Task, run_id: str, step: int, tool: Tool, status: str, until: str
+) -> dict[str, Any]:
+    """The undo's reversal policy asks a person first: the chain stops here (the newer undos
+    have run, the older ones wait their turn) and no worker is held. A person's answer starts
+    the unwind again (``saga.operations.decide_reversal``); the reaper looks at the question
+    when it expires, and expires it into an escalation if nobody answered."""
+    task.request.chain = None  # nothing after this undo is sent until a person answers
+    expires = float(until) if until else core.store.now()
+    core.store.schedule(run_id, expires)
+    if status == "ask":
+        logger.warning(
+            "run %s: a person is asked whether to reverse step %d (%s) before %s: "
+            "saga reversal %s %d --reverse | --keep --note ... | --later",
+            run_id,
+            step,
+            tool.name,
+            until,
+            run_id,
+            step,
+        )
+    return {"asked": step, "until": expires}
 
 
 def _record_compensation(

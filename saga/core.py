@@ -13,6 +13,7 @@ guard, the hosted loop) depends on this, never on the ``Saga`` facade that build
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -37,7 +38,7 @@ from saga.errors import (
 )
 from saga.fault_points import FaultPoints, faults_enabled
 from saga.hooks import RunListener, SagaHooks
-from saga.model import RunState
+from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
 from saga.records import EscalationRecord, RecordStore
 from saga.records.rows import escalation_id
@@ -275,6 +276,8 @@ class Core(Dispatcher):
             logger.warning("run %s: undo(s) %s still to run; sending them", run_id, outcome.values)
             self.start_unwind(run_id, owner)
             return RunState.UNWINDING
+        if outcome.status == "asked":  # a person decides about an undo first: nothing ends
+            return RunState.UNWINDING
         if outcome.status == "stale":
             logger.info("run %s: a stale unwind (%s) does not conclude", run_id, owner)
         if outcome.status != "ok":
@@ -295,8 +298,27 @@ class Core(Dispatcher):
         )
         if self.faults is not None:
             self.faults.strike("after_conclusion", "")
+        if reason == rules.REASON_KEPT:
+            # Kept on purpose: the escalation is the books' line, resolved by who kept it.
+            self._resolve_as_kept(concluded)
+            self._record_or_leave_to_reaper(run_id)
+            return state
         self._record_or_leave_to_reaper(run_id, concluded)
         return state
+
+    def _resolve_as_kept(self, picture: RunPicture) -> None:
+        """Resolve the escalation of a run whose undos a person chose to keep, with their
+        decisions as the resolution (who, and each kept step's note)."""
+        kept = [c for c in picture.compensations if c.state is CompensationState.KEPT]
+        deciders = sorted({str((c.decisions or [{}])[-1].get("by") or "") for c in kept} - {""})
+        note = "; ".join(f"step {c.step} kept: {rules.kept_because(picture, c.step)}" for c in kept)
+        generation = picture.generation
+        resolution = {
+            "by": ", ".join(deciders) or "a person",
+            "note": note,
+            "escalation_id": escalation_id(picture.run_id, generation),
+        }
+        self.store.resolve(picture.run_id, generation, json.dumps(resolution, ensure_ascii=False))
 
     def record_end(
         self, run_id: str, picture: RunPicture | None = None, notify: bool = True

@@ -26,7 +26,7 @@ from saga.fault_points import FaultPoints
 from saga.hooks import SagaHooks
 from saga.model import OnFailure
 from saga.notifications.notifier import Notifier
-from saga.operations import requeue, resolve
+from saga.operations import decide_reversal, requeue, resolve
 from saga.picture import RunPicture
 from saga.reaper import ReapReport, reap
 from saga.records import EscalationRecord, RecordStore
@@ -191,6 +191,16 @@ class Saga:
         run then refuses a requeue. ``UnknownEscalationError`` / ``EscalationResolvedError``
         for an id that is not open."""
         return resolve(self.core, escalation_id, note=note, by=by)
+
+    def decide_reversal(
+        self, run_id: str, step: int, decision: str, *, args_hash: str, by: str, note: str = ""
+    ) -> RunPicture:
+        """A person's answer when an undo's reversal policy asked (``reversal="ask"``):
+        ``reverse`` it now, ``keep`` the effect (``note`` says why), or decide ``later``
+        (``saga.operations.decide_reversal``)."""
+        return decide_reversal(
+            self.core, run_id, step, decision, args_hash=args_hash, by=by, note=note
+        )
 
     def reap(self, now: float | None = None) -> ReapReport:
         """Resolve every run with no progress past its deadline (the beat task calls this).

@@ -87,6 +87,11 @@ COMPENSATION_MOVES = _moves(
         ("fail", C.PENDING, C.FAILED, (Actor.OWNER, W), "it cannot run (broken, no tool)"),
         ("revoke", C.PENDING, C.FAILED, (RV,), "revoked before it ran"),
         ("revoke", C.RUNNING, C.FAILED, (RV,), "revoked while running: it may have happened"),
+        ("ask", C.PENDING, C.ASKED, (Actor.OWNER,), "its reversal policy asks a person first"),
+        ("reverse", C.ASKED, C.PENDING, (Actor.OPERATOR,), "a person said: reverse it now"),
+        ("keep", C.ASKED, C.KEPT, (Actor.OPERATOR,), "a person kept the effect, with a note"),
+        ("later", C.ASKED, C.ASKED, (Actor.OPERATOR,), "a person will decide later"),
+        ("expire", C.ASKED, C.FAILED, (R,), "nobody answered in time: escalate"),
         ("requeue", C.FAILED, C.PENDING, (Actor.OPERATOR,), "a fresh attempt budget"),
         ("requeue", C.PENDING, C.PENDING, (Actor.OPERATOR,), "landed late on an ended run"),
     ]

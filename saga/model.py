@@ -76,6 +76,10 @@ class CompensationState(StrEnum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+    #: Its tool's reversal policy asks a person first: the unwind waits here, holding no worker.
+    ASKED = "asked"
+    #: A person decided to keep the effect (with a note): live on purpose, never undone.
+    KEPT = "kept"
 
 
 @dataclass(frozen=True)

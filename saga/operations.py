@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +172,69 @@ def resolve(core: Core, escalation: str, *, note: str, by: str) -> EscalationRec
         )
     _record(core, row.run_id)
     return _reread(core, escalation)
+
+
+# -- a person decides before a costly reversal --------------------------------------------
+
+#: What a person may answer when an undo's reversal policy asks (``saga.tools``).
+DECISIONS = ("reverse", "keep", "later")
+
+
+def decide_reversal(
+    core: Core, run_id: str, step: int, decision: str, *, args_hash: str, by: str, note: str = ""
+) -> RunPicture:
+    """``Saga.decide_reversal``: answer the question an undo's reversal policy asked. ``reverse``
+    runs it now and the unwind goes on; ``keep`` leaves the effect live on purpose (``note``
+    says why; the run ends escalated and resolved by this decision, the effect on its books);
+    ``later`` puts the question off (it expires into an escalation, never into a keep).
+    ``args_hash``: the hash of the undo the person was shown (``CompensationRecord.ask_hash``):
+    an answer binds to that very undo, once. The run as the answer left it."""
+    if decision not in DECISIONS:
+        raise OperationRefusedError(f"decide {' or '.join(DECISIONS)}, not {decision!r}")
+    check_name("by", by, required=True)
+    check_text("note", note)
+    if decision == "keep" and not note.strip():
+        raise OperationRefusedError("keeping an effect needs a note saying why, for the books")
+    owner = f"decision:{uuid.uuid4().hex[:8]}"
+    later = float(core.settings.reversal_ask_seconds)
+    outcome = core.store.decide_reversal(run_id, step, decision, args_hash, by, note, owner, later)
+    if outcome.status == "unknown":
+        raise UnknownRunError(f"run {run_id} has no undo of step {step} in Redis")
+    if outcome.status == "mismatch":
+        raise OperationRefusedError(
+            f"run {run_id} step {step}: the undo you were shown is not the one asked about "
+            "(its hash differs): look at it again"
+        )
+    if outcome.status == "decided":
+        state, decided = str(outcome.values[0]), str(outcome.values[1] or "")
+        shown = payload.loads(decided) if decided else {}
+        said = f": {shown.get('decision')} by {shown.get('by')}" if shown else ""
+        raise OperationRefusedError(f"run {run_id} step {step} is {state} already{said}")
+    if outcome.status == "ended":
+        raise OperationRefusedError(f"run {run_id} is {outcome.values[0]}: nothing to decide")
+    if outcome.status != "ok":
+        raise OperationRefusedError(f"run {run_id} step {step}: {outcome.status}")
+    if decision != "later" and not core.start_unwind(run_id, owner):
+        logger.error("run %s: the unwind after %s was not sent; the reaper will", run_id, decision)
+    return core.picture(run_id)
+
+
+def waiting_for_a_person(picture: RunPicture) -> list[dict[str, Any]]:
+    """The undos of ``picture`` a person is asked about: step, tool, what it undoes, until
+    when, and the hash an answer must carry."""
+    return [
+        {
+            "step": c.step,
+            "tool": str(c.entry.get("tool", "")),
+            "description": str(c.entry.get("description", "")),
+            "args": c.entry.get("args", {}),
+            "until": c.ask_expires,
+            "args_hash": c.ask_hash,
+            "decisions": c.decisions,
+        }
+        for c in picture.compensations
+        if c.state is CompensationState.ASKED
+    ]
 
 
 # -- reading, rebuilding -------------------------------------------------------------------

@@ -77,6 +77,12 @@ class CompensationRecord:
     #: The error of each failed attempt, oldest first, across requeues (the last 20):
     #: ``{"error": {"type", "message", "attempt"}, "at": "<Redis clock>"}``.
     errors: list[dict[str, Any]] = field(default_factory=list)
+    #: While ``asked``: until when a person may answer, and the hash binding the answer to
+    #: this very undo (``saga.operations.decide_reversal``).
+    ask_expires: float | None = None
+    ask_hash: str = ""
+    #: Every answer about reversing it (``decision``, ``by``, ``note``, ``at``), oldest first.
+    decisions: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -239,6 +245,7 @@ def hashes_of(
             "task_id": c.task_id,
             "lease": _time(c.lease),
             "errors": _json(c.errors) if c.errors else "",
+            "decisions": _json(c.decisions) if c.decisions else "",
         }
         comps.update({f"{n}:{k}": v for k, v in optional.items() if v})
     # A stack entry is the very string its compensation holds: the done script removes it by
@@ -335,6 +342,9 @@ def _compensations_from(fields: dict[str, str]) -> list[CompensationRecord]:
             history=payload.loads(fields.get(f"{n}:history") or "[]"),
             lease=_number(fields, f"{n}:lease"),
             errors=payload.loads(fields.get(f"{n}:errors") or "[]"),
+            ask_expires=_number(fields, f"{n}:ask_expires"),
+            ask_hash=fields.get(f"{n}:ask_hash", ""),
+            decisions=payload.loads(fields.get(f"{n}:decisions") or "[]"),
         )
         for n in numbers
     ]

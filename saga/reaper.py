@@ -34,7 +34,7 @@ from saga import metrics
 from saga.constants import step_idempotency_key
 from saga.core import Core
 from saga.errors import RunEndedError, StoreUnavailableError, UnknownToolError
-from saga.model import RunState, StepState, ToolClass
+from saga.model import CompensationState, RunState, StepState, ToolClass
 from saga.notifications.notifier import Notifier
 from saga.picture import RunPicture
 from saga.stack import RunHead
@@ -71,6 +71,9 @@ class ReapReport:
     #: Runs whose keys are older than their SQL record: (run id, what diverged). Each is
     #: escalated once and left as it is.
     behind: list[tuple[str, str]] = field(default_factory=list)
+    #: Undos a person was asked about and did not answer in time: (run id, step). Each failed
+    #: ("not answered"), so its run escalates once the older undos have run.
+    unanswered: list[tuple[str, int]] = field(default_factory=list)
 
 
 def mark_in_doubt(core: Core, run_id: str, step: int, error: dict[str, Any]) -> str:
@@ -167,6 +170,8 @@ def _reap_one(core: Core, run_id: str, due: float, now: float, report: ReapRepor
         else:
             core.store.schedule(run_id, (head.ended or now) + core.store.retention_seconds + 60)
         return
+    if head.state is RunState.UNWINDING and _awaits_a_person(core, run_id, now, report):
+        return
     if now - head.updated < head.deadline:
         next_look = head.updated + head.deadline
         if head.state is RunState.UNWINDING:  # a step in doubt may wait for its lease only
@@ -182,6 +187,30 @@ def _reap_one(core: Core, run_id: str, due: float, now: float, report: ReapRepor
     _resolve(core, picture, now, report)
     # Look again a deadline from now, unless progress moves it on (it is re-read then).
     core.store.schedule(run_id, now + max(picture.deadline, 1.0))
+
+
+def _awaits_a_person(core: Core, run_id: str, now: float, report: ReapReport) -> bool:
+    """Whether the unwind waits for a person's answer about an undo (its tool's reversal
+    policy asked): not stalled, so it is not taken over; looked at again when the question
+    expires. An expired one fails ("a person was asked and did not answer") and the unwind
+    goes on with the older undos under a new owner, to end escalated."""
+    asked = [c for c in core.picture(run_id).compensations if c.state is CompensationState.ASKED]
+    if not asked:
+        return False
+    for undo in asked:
+        if undo.ask_expires is not None and undo.ask_expires > now:
+            continue
+        owner = f"reaper:{uuid.uuid4().hex[:8]}"
+        note = "nobody answered before the question expired"
+        outcome = core.store.decide_reversal(run_id, undo.step, "expire", "", "reaper", note, owner)
+        if outcome.status == "ok":
+            logger.error("run %s: nobody answered about reversing step %d", run_id, undo.step)
+            report.unanswered.append((run_id, undo.step))
+            core.start_unwind(run_id, owner)
+            return True
+    soonest = min((u.ask_expires for u in asked if u.ask_expires is not None), default=now + 60)
+    core.store.schedule(run_id, soonest)
+    return True
 
 
 def _reconcile_doubts(

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 REASON_AFTER_PIVOT = "failed after an irreversible step"
 REASON_COMPENSATION_FAILED = "compensation failed"
+#: Every undo not done was kept on purpose by a person asked about it (``reversal="ask"``):
+#: the run ends escalated, and resolved by that decision, so the books list the effect.
+REASON_KEPT = "kept on purpose: a person decided not to reverse it"
 #: A step's compensation function raised: its effect is live, and there is no undo to requeue.
 REASON_COMPENSATION_NOT_BUILT = "a compensation could not be built"
 #: The run's keys in Redis are older than its SQL record (the store went back in time).
@@ -111,7 +114,12 @@ def conclusion(picture: RunPicture) -> tuple[RunState, str]:
         return RunState.ESCALATED, picture.doubt or REASON_AFTER_PIVOT
     if any(c.entry.get("broken") for c in picture.compensations):
         return RunState.ESCALATED, REASON_COMPENSATION_NOT_BUILT
-    if picture.stack or any(c.state is not CompensationState.DONE for c in picture.compensations):
+    undone = (CompensationState.DONE, CompensationState.KEPT)
+    if any(c.state not in undone for c in picture.compensations):
+        return RunState.ESCALATED, REASON_COMPENSATION_FAILED
+    if any(c.state is CompensationState.KEPT for c in picture.compensations):
+        return RunState.ESCALATED, REASON_KEPT
+    if picture.stack:
         return RunState.ESCALATED, REASON_COMPENSATION_FAILED
     if picture.doubt:
         return RunState.ESCALATED, picture.doubt
@@ -143,6 +151,8 @@ def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
             why = "convergent write: kept, it has no undo"
         elif picture.pivot_step is not None:
             why = "not unwound: the run was past its pivot"
+        elif undos.get(step.step) is CompensationState.KEPT:
+            why = f"kept on purpose: {kept_because(picture, step.step)}"
         elif undos.get(step.step) is CompensationState.FAILED:
             why = "its compensation failed"
         elif step.step in undos:
@@ -151,6 +161,13 @@ def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
             why = "it has no compensation on record"
         live.append({"step": step.step, "tool": step.tool, "result": step.result, "why": why})
     return live
+
+
+def kept_because(picture: RunPicture, step: int) -> str:
+    """Who kept step ``step``'s effect and why (the last decision about its reversal)."""
+    undo = next((c for c in picture.compensations if c.step == step), None)
+    decided = undo.decisions[-1] if undo is not None and undo.decisions else {}
+    return f"{decided.get('by') or 'a person'}: {decided.get('note') or 'no note'}"
 
 
 def failure_mode(tool: Tool, overrides: Mapping[str, OnFailure]) -> OnFailure:

@@ -228,6 +228,10 @@ class Settings:
     #: the store's default, 1 on one Redis or Sentinel, ``CLUSTER_INDEX_SHARDS`` on a Redis
     #: Cluster. Every process of a deployment must agree: one that does not refuses to start.
     index_shards: int = 0
+    #: How long a person has to answer whether to reverse an effect whose tool asks
+    #: (``reversal="ask"``), and how long "later" puts it off: unanswered, the question
+    #: expires into an escalation ("a person was asked and did not answer"), never a keep.
+    reversal_ask_seconds: int = 24 * 3600
     #: Who is told of escalations besides the ERROR log (``SAGA_NOTIFY_*``).
     notifications: NotifySettings = field(default_factory=NotifySettings)
     #: ``module[:attr]`` of the application's ``Saga`` (``SAGA_APP``): the ``--app`` of the
@@ -293,6 +297,7 @@ class Settings:
                 "SAGA_REDIS_CONFIRM_TIMEOUT_MS", cls.replica_confirm_timeout_ms
             ),
             index_shards=_env_int("SAGA_INDEX_SHARDS", cls.index_shards),
+            reversal_ask_seconds=_env_int("SAGA_REVERSAL_ASK_SECONDS", cls.reversal_ask_seconds),
             notifications=NotifySettings.from_env(),
             app=env.get("SAGA_APP", "").strip(),
         )

@@ -75,6 +75,7 @@ _SCRIPTS = (
     "expire_approval",
     "count_revival",
     "adopt_deadline",
+    "decide_reversal",
 )
 
 #: Answers of the scripts that mean "this transition is not in the table" (saga/machine.py).
@@ -103,6 +104,8 @@ CONFIRMED_SCRIPTS = frozenset(
         "record_answer",
         "requeue",
         "resolve",
+        # A person's answer about a reversal, and its expiry: the unwind goes on from it.
+        "decide_reversal",
     }
 )
 

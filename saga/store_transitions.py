@@ -151,9 +151,39 @@ class RunTransitions(StoreCore):
         return self._call("mark_refused", run_id, owner).status == "1"
 
     def begin_compensation(
-        self, run_id: str, step: int, claim: str, task_id: str, unwind: str, lease: float
+        self,
+        run_id: str,
+        step: int,
+        claim: str,
+        task_id: str,
+        unwind: str,
+        lease: float,
+        ask_seconds: float = 86400.0,
     ) -> Outcome:
-        return self._call("begin_compensation", run_id, step, claim, task_id, unwind, lease)
+        """``run`` (attempt, entry); ``ask`` (until when, the entry's hash) when its tool's
+        reversal policy asks a person first; ``asked`` while one is asked; ``done``,
+        ``failed``, ``kept`` (settled: pass the chain on); ``busy``, ``stale``, ``ended``."""
+        args = (step, claim, task_id, unwind, lease, ask_seconds)
+        return self._call("begin_compensation", run_id, *args)
+
+    def decide_reversal(
+        self,
+        run_id: str,
+        step: int,
+        decision: str,
+        args_hash: str,
+        by: str,
+        note: str,
+        owner: str,
+        later_seconds: float = 86400.0,
+    ) -> Outcome:
+        """A person's answer about reversing step ``step``'s effect (``reverse``, ``keep``,
+        ``later``), or the reaper's ``expire``: ``ok`` (with the new owner of the unwind, for
+        all but ``later``), ``decided`` (answered already: the state and that decision),
+        ``mismatch`` (another undo's hash), ``waiting`` (not expired yet), ``ended``,
+        ``unknown``."""
+        args = (step, decision, args_hash, by, note, owner, later_seconds)
+        return self._call("decide_reversal", run_id, *args)
 
     def record_compensation(
         self,

@@ -40,8 +40,12 @@ EffectVerify = Callable[[str, dict[str, Any]], bool | int]
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _CONTEXT_PARAMETER = "ctx"
 _TOOL_OPTIONS = frozenset(
-    {"name", "compensation", "retry", "offered", "description", "lookup", "verify"}
+    {"name", "compensation", "retry", "offered", "description", "lookup", "verify", "reversal"}
 )
+#: Whether a person decides before a step's effect is reversed: never (``auto``), always
+#: (``ask``), or when a predicate of the step's arguments and result says so (``ask_when``).
+ReversalPredicate = Callable[[dict[str, Any], Any], bool]
+REVERSAL_AUTO, REVERSAL_ASK = "auto", "ask"
 #: A compensation is never offered to the agent; register a tool with ``tool()`` to offer it
 #: (any registered tool can be named in an ``Undo``, as ``set_ticket_status`` undoes itself).
 _COMPENSATION_OPTIONS = frozenset({"name", "retry", "description", "verify"})
@@ -62,6 +66,22 @@ class Tool:
     lookup: EffectLookup | None = None
     #: Whether the effect is live in the system now (``saga.testing.drill`` asks it).
     verify: EffectVerify | None = None
+    #: ``"auto"`` (the undo runs when the run unwinds), ``"ask"`` (a person decides first), or
+    #: a predicate of the step's arguments and result: ask when it is true.
+    reversal: str | ReversalPredicate = REVERSAL_AUTO
+
+    def asks_before_reversal(self, args: dict[str, Any], result: Any) -> bool:
+        """Whether a person decides before this step's effect is reversed: judged when the
+        undo is pushed, on the arguments and result it captured. A predicate that raises asks
+        (a person weighs what the code could not)."""
+        if self.reversal == REVERSAL_AUTO:
+            return False
+        if self.reversal == REVERSAL_ASK:
+            return True
+        try:
+            return bool(self.reversal(args, result))  # type: ignore[operator]
+        except Exception:
+            return True
 
     def validate(self, args: dict[str, Any]) -> dict[str, Any]:
         """Check ``args`` against the schema; return them in JSON form, ready to send."""
@@ -134,7 +154,9 @@ class ToolRegistry:
         Options: ``compensation`` (required for classes 3 and 4, refused otherwise), ``retry``,
         ``name``, ``description``, ``offered`` (default True: the agent may call it), ``lookup``
         (writes only: finds the effect by idempotency key when the step's outcome is in doubt),
-        ``verify`` (writes only: whether the effect is live now, for ``saga drill``).
+        ``verify`` (writes only: whether the effect is live now, for ``saga drill``),
+        ``reversal`` (``"auto"``, ``"ask"``, or a predicate of the arguments and result: a
+        person decides before the effect is reversed; ``docs/operations.md``).
         """
         _refuse_unknown(options, _TOOL_OPTIONS)
         try:
@@ -163,6 +185,16 @@ class ToolRegistry:
             verify = options.get("verify")
             if verify is not None and (not callable(verify) or not klass.is_write):
                 raise ToolDefinitionError(f"verify of {name} must be callable, on a write tool")
+            reversal = options.get("reversal", REVERSAL_AUTO)
+            if reversal not in (REVERSAL_AUTO, REVERSAL_ASK) and not callable(reversal):
+                raise ToolDefinitionError(
+                    f"reversal of {name} must be 'auto', 'ask' or a predicate of the step's "
+                    f"arguments and result, not {reversal!r}"
+                )
+            if reversal != REVERSAL_AUTO and compensation is None:
+                raise ToolDefinitionError(
+                    f"tool {name} has no compensation: there is no reversal to ask about"
+                )
             self._add(func, klass, options, DEFAULT_RETRY, offered_default=True)
             return func
 
@@ -255,6 +287,7 @@ class ToolRegistry:
             wants_context=wants_context,
             lookup=options.get("lookup"),
             verify=options.get("verify"),
+            reversal=options.get("reversal", REVERSAL_AUTO),
         )
         for added in self._watchers:
             added(self._tools[name])

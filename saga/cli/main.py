@@ -19,6 +19,7 @@ from saga.cli.drill import drill
 from saga.cli.escalations import escalation, escalations
 from saga.cli.indexes import indexes
 from saga.cli.operate import reap, requeue, resolve
+from saga.cli.reversal import reversal
 from saga.cli.runs import runs, show
 from saga.cli.serve import serve
 from saga.cli.tokens import tokens
@@ -151,6 +152,7 @@ cli.add_command(escalation)
 cli.add_command(requeue)
 cli.add_command(resolve)
 cli.add_command(reap)
+cli.add_command(reversal)
 cli.add_command(doctor)
 cli.add_command(db)
 cli.add_command(indexes)

@@ -29,6 +29,9 @@ elseif run[6] == '' then
   local pending = {}
   for i = 1, #fields, 2 do
     local m = string.match(fields[i], '^(%d+):state$')
+    if m and fields[i + 1] == 'asked' then
+      return {'asked', m}  -- a person decides first: the unwind waits, nothing concludes
+    end
     if m and (fields[i + 1] == 'pending' or fields[i + 1] == 'running') then
       table.insert(pending, m)
     end

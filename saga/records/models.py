@@ -118,6 +118,9 @@ class RunCompensationRecord(Base):
     errors: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     #: Its place on the stack, oldest first; None once it is done (off the stack).
     stack_position: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: A person's answers about reversing it (``decision``, ``by``, ``note``, ``at``), oldest
+    #: first, when its tool's reversal policy asked (``saga.tools``).
+    decisions: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
 
 
 class TranscriptRecord(Base):

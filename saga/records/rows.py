@@ -128,6 +128,7 @@ def compensation_rows(picture: RunPicture) -> list[Row]:
             "history": c.history,
             "errors": c.errors,
             "stack_position": positions.get(c.step),
+            "decisions": c.decisions,
         }
         for c in picture.compensations
     ]
@@ -284,6 +285,7 @@ def picture_of(
                 round_start=c.round_start,
                 history=c.history,
                 errors=c.errors,
+                decisions=list(c.decisions or []),
             )
             for c in sorted(compensations, key=lambda c: c.step)
         ],

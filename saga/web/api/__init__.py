@@ -1,7 +1,7 @@
 """The JSON API: runs, approvals, escalations (bearer tokens), health (open)."""
 
-from saga.web.api import approvals, escalations, health, runs
+from saga.web.api import approvals, escalations, health, reversals, runs
 
-ROUTERS = [health.router, runs.router, approvals.router, escalations.router]
+ROUTERS = [health.router, runs.router, approvals.router, reversals.router, escalations.router]
 
 __all__ = ["ROUTERS"]

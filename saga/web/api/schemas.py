@@ -5,7 +5,7 @@ anything happens. Unknown fields are refused too: a typo must not pass for an om
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -80,6 +80,21 @@ class Approve(Body):
 class Deny(Body):
     args_hash: ArgsHash
     reason: Note
+
+
+#: A note that may be empty (a reverse or a later needs none; a keep is refused without one).
+OptionalNote = Annotated[
+    str, StringConstraints(strip_whitespace=True, max_length=REASON_MAX_LENGTH)
+]
+
+
+class ReversalAnswer(Body):
+    """A person's answer about reversing an undo: ``reverse``, ``keep`` (with a ``note``
+    saying why, for the books) or ``later``; ``args_hash`` as ``GET .../reversals`` showed it."""
+
+    decision: Literal["reverse", "keep", "later"]
+    args_hash: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40}$")]
+    note: OptionalNote = ""
 
 
 class Requeue(Body):
