@@ -15,6 +15,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, cast
 
 from redis.asyncio.cluster import PipelineCommand, RedisCluster
@@ -90,7 +91,8 @@ class AsyncRunStore:
             settings.replicas_to_confirm, settings.replica_confirm_timeout_ms
         )
         self.clustered = isinstance(self.redis, RedisCluster)
-        self.layout = settings.index_layout()
+        # (the layout of the store this URL names: a cluster's default differs)
+        self.layout = replace(settings, redis_url=redis_url).index_layout()
         self._layout_checked = False
 
     async def _confirm(self, script: str, run_id: str) -> None:
