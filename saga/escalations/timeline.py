@@ -17,6 +17,8 @@ Segment = tuple[str, str]
 Line = list[Segment]
 
 OK, FAIL, DOUBT, WAIT, SKIP = "✓", "✗", "?", "…", "·"
+#: An effect a person chose to keep (``reversal="ask"``): not undone, on purpose.
+KEPT = "="
 _INDENT = "   "
 _FORWARD_WIDTH = 38
 _UNWIND_WIDTH = 52
@@ -171,6 +173,10 @@ def _unwind_row(step: int, comp: CompensationDoc) -> Line:
         line += [(FAIL, "red"), (f"  ({tries}: {last})" if last else f"  ({tries})", "red")]
     elif state == "running":
         line += [(WAIT, "cyan"), (f"  running ({tries})", "cyan")]
+    elif state == "asked":  # its tool's reversal policy: a person decides first
+        line += [(WAIT, "yellow"), ("  a person is asked: reverse, keep or later", "yellow")]
+    elif state == "kept":
+        line += [(KEPT, "yellow"), ("  kept on purpose (a person decided)", "yellow")]
     else:
         line += [(WAIT, "dim"), ("  waiting to run", "dim")]
     return line

@@ -217,3 +217,22 @@ def _saga_cli(env: Private, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=120,
         check=False,
     )
+
+
+def test_the_timeline_says_a_person_is_asked_then_that_the_effect_was_kept(env: Private) -> None:
+    from saga.escalations.document import run_document
+    from saga.escalations.timeline import timeline
+
+    run = _asked(env)
+    asked = _waits_for_a_person(env, run)
+
+    def drawn() -> str:
+        lines = timeline(run_document(env.saga.picture(run.run_id)))
+        return "\n".join("".join(text for text, _ in line) for line in lines)
+
+    assert "a person is asked: reverse, keep or later" in drawn()
+    env.saga.decide_reversal(
+        run.run_id, 2, "keep", args_hash=asked.ask_hash, by="grace", note="goodwill"
+    )
+    run.wait(timeout=30)
+    assert "= " in drawn() and "kept on purpose" in drawn()
