@@ -4,16 +4,23 @@ shared by the Sentinel and the Redis Cluster tests, which differ only in how the
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from saga import Saga
+from saga.client import Client
+from saga.constants import TURN_QUEUE
 from saga.errors import StoreUnavailableError
 from saga.model import RunState
-from saga.testing import Faults
+from saga.testing import Faults, WorkerProcess
 from tasks import systems
+from tests.conftest import ROOT
 from tests.integration.helpers import CREDIT, ORDER, wait_until
+from tests.reliability.test_hosted_crashes import check_once_each, completed
+
+HOSTED_APP = "tests.integration.hosted_app"
 
 #: Where the failover strikes: while the credit runs; once its success and undo are recorded,
 #: before its message is acknowledged; while its reversal runs; once the unwind's conclusion
@@ -79,6 +86,41 @@ def run_through_failover(
     record = saga.records.run(run.run_id)
     assert record is not None and record.state == expected.value
     assert saga.picture(run.run_id).state is expected  # the new master's keys
+
+
+def hosted_turn_through_failover(
+    saga: Saga,
+    env: dict[str, str],
+    faults: Faults,
+    logs: Path,
+    client: Client,
+    fail_over: Callable[[str], None],
+) -> None:
+    """A hosted turn dispatching its three calls, paused after the first while
+    ``fail_over(run_id)`` fails the store over: each call dispatched and applied once, the
+    model asked once a turn, the run completed in Redis and in SQL."""
+    confirming_env = confirming(env)
+    tools_worker = WorkerProcess(
+        HOSTED_APP, env=confirming_env, concurrency=2, cwd=ROOT, logfile=logs / "tools.log"
+    )
+    turns_worker = WorkerProcess(
+        HOSTED_APP,
+        env=confirming_env,
+        concurrency=4,
+        pool="threads",
+        extra_args=["-Q", TURN_QUEUE],
+        cwd=ROOT,
+        logfile=logs / "turns.log",
+    )
+    paused = faults.delay("get_order", 3.0, point="between_dispatches")
+    with tools_worker, turns_worker:
+        run_id = client.enqueue_run("parallel", "Refund order 4921.")
+        wait_until(lambda: faults.hits(paused) > 0, 30, "the turn's first dispatch")
+        fail_over(run_id)
+        completed(client, run_id, 120)
+    check_once_each(client, run_id)
+    record = saga.records.run(run_id)
+    assert record is not None and record.state == "completed"
 
 
 def _finish(run: Any, timeout: float) -> Any:

@@ -25,7 +25,7 @@ from celery import Celery
 from saga import Saga, Settings
 from saga.aio import AsyncClient
 from saga.client import Client
-from saga.constants import TURN_QUEUE, IndexLayout, run_keys
+from saga.constants import IndexLayout, run_keys
 from saga.errors import ConfigurationError, StoreUnavailableError
 from saga.guard import lease_failover_problem
 from saga.listing import RunFilter, list_runs
@@ -42,12 +42,10 @@ from tests.reliability.failover_drive import (
     FAILOVER_POINTS,
     confirming,
     faults_on,
+    hosted_turn_through_failover,
     run_through_failover,
 )
 from tests.reliability.redis_cluster import RedisClusterNodes
-from tests.reliability.test_hosted_crashes import check_once_each, completed
-
-HOSTED_APP = "tests.integration.hosted_app"
 
 
 @pytest.fixture(scope="module")
@@ -246,30 +244,16 @@ def test_a_master_failover_during_a_hosted_turn_dispatches_each_call_once(
     once a turn, the run completed in Redis and in SQL."""
     saga, env = world
     faults = faults_on(saga, monkeypatch)
-    confirming_env = confirming(env)
-    tools_worker = WorkerProcess(
-        HOSTED_APP, env=confirming_env, concurrency=2, cwd=ROOT, logfile=tmp_path / "tools.log"
-    )
-    turns_worker = WorkerProcess(
-        HOSTED_APP,
-        env=confirming_env,
-        concurrency=4,
-        pool="threads",
-        extra_args=["-Q", TURN_QUEUE],
-        cwd=ROOT,
-        logfile=tmp_path / "turns.log",
-    )
     client = Client(redis_url=nodes.url(), broker_url=env["SAGA_BROKER_URL"])
-    paused = faults.delay("get_order", 3.0, point="between_dispatches")
     try:
-        with tools_worker, turns_worker:
-            run_id = client.enqueue_run("parallel", "Refund order 4921.")
-            wait_until(lambda: faults.hits(paused) > 0, 30, "the turn's first dispatch")
-            _fail_over(nodes, run_id, "failover")
-            completed(client, run_id, 120)
-        check_once_each(client, run_id)
-        record = saga.records.run(run_id)
-        assert record is not None and record.state == "completed"
+        hosted_turn_through_failover(
+            saga,
+            env,
+            faults,
+            tmp_path,
+            client,
+            lambda run_id: _fail_over(nodes, run_id, "failover"),
+        )
     finally:
         client.store.client.close()
 

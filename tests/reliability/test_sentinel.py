@@ -23,7 +23,7 @@ from celery import Celery
 from saga import Saga, Settings
 from saga.aio import AsyncClient
 from saga.client import Client
-from saga.constants import TURN_QUEUE, run_keys
+from saga.constants import run_keys
 from saga.guard import configuration_problems, lease_failover_problem
 from saga.model import RunState
 from saga.redis_urls import kombu_url, redis_client
@@ -33,18 +33,16 @@ from saga.transport import SentinelChannel, use_pooled_client_transport
 from tasks import systems
 from tasks.tools import tools
 from tests.conftest import ROOT, service_missing
-from tests.integration.helpers import demo_steps, wait_until
+from tests.integration.helpers import demo_steps
 from tests.reliability.conftest import TIME_LIMIT, VISIBILITY_TIMEOUT
 from tests.reliability.failover_drive import (
     FAILOVER_POINTS,
     confirming,
     faults_on,
+    hosted_turn_through_failover,
     run_through_failover,
 )
 from tests.reliability.sentinel_cluster import MASTER, SentinelCluster, role
-from tests.reliability.test_hosted_crashes import check_once_each, completed
-
-HOSTED_APP = "tests.integration.hosted_app"
 
 
 @pytest.fixture(scope="module")
@@ -246,30 +244,11 @@ def test_a_failover_during_a_hosted_turn_dispatches_each_call_once_and_asks_the_
     the model asked once a turn, and the run completes in Redis and in SQL."""
     saga, env = world
     faults = faults_on(saga, monkeypatch)
-    confirming_env = confirming(env)
-    tools_worker = WorkerProcess(
-        HOSTED_APP, env=confirming_env, concurrency=2, cwd=ROOT, logfile=tmp_path / "tools.log"
-    )
-    turns_worker = WorkerProcess(
-        HOSTED_APP,
-        env=confirming_env,
-        concurrency=4,
-        pool="threads",
-        extra_args=["-Q", TURN_QUEUE],
-        cwd=ROOT,
-        logfile=tmp_path / "turns.log",
-    )
     client = Client(redis_url=cluster.url())
-    paused = faults.delay("get_order", 3.0, point="between_dispatches")
     try:
-        with tools_worker, turns_worker:
-            run_id = client.enqueue_run("parallel", "Refund order 4921.")
-            wait_until(lambda: faults.hits(paused) > 0, 30, "the turn's first dispatch")
-            cluster.failover()
-            completed(client, run_id, 120)
-        check_once_each(client, run_id)
-        record = saga.records.run(run_id)
-        assert record is not None and record.state == "completed"
+        hosted_turn_through_failover(
+            saga, env, faults, tmp_path, client, lambda _: cluster.failover()
+        )
         assert _served_by(client.store.client) == cluster.master_port()
     finally:
         client.store.client.close()
