@@ -337,10 +337,11 @@ def _with_credentials(
 def _cluster_client(found: ClusterUrl, blocking: bool, options: dict[str, Any]) -> redis.Redis:
     """A ``RedisCluster`` on ``found``'s seeds: each node's pool waits for a free connection
     when ``blocking``. redis-py runs a pipeline's transaction on a cluster (all of one run's
-    keys share a slot) only from 6.2 on."""
+    keys share a slot) only from 6.1 on."""
     if not hasattr(cluster, "TransactionStrategy"):
         raise ConfigurationError(
-            f"a Redis Cluster store needs redis-py 6.2 or newer (installed: {redis.__version__})"
+            "a Redis Cluster store needs a redis-py whose cluster pipelines run transactions "
+            f"(6.1 or newer; installed: {redis.__version__})"
         )
     kwargs = _cluster_options(found, options)
     if blocking:
