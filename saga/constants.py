@@ -105,6 +105,9 @@ def agent_key(run_id: str) -> str:
     <k>:answer                 turn k's answer (a ModelTurn as JSON), first writer wins
     <k>:calls                  how many calls that answer makes (what advancing checks)
     <k>:asked                  policy calls made for turn k (more than one after a retry)
+    <k>:asker                  the token of turn k's last asker, until it records an answer
+                               or gives its call up: a lease that ran out under it is fenced
+    <k>:claim                  "token first_ms last_ms": a delivery fencing that asker
     <k>:results                the results turn k's calls returned to the model (JSON)
     <k>:<i>:refused            why call i of turn k was not dispatched (fed back to the model)
     <k>:advanced               turn k+1 was enqueued (or the run ended): first writer wins

@@ -316,9 +316,10 @@ FAILOVER_BEYOND_DOWN_AFTER = 5.0
 
 def lease_failover_problem(core: Core) -> str | None:
     """On a Sentinel store: whether a failover can outlast a hosted turn's asking lease. The
-    keeper cannot renew it while no master answers; a lease that runs out there lets another
-    delivery ask the model again before the keeper takes it back (``saga.agents.lease``). On
-    a Redis Cluster the same holds of its ``cluster-node-timeout``."""
+    keeper cannot renew it while no master answers; a lease that runs out there leaves the
+    turn to the asker fence (``saga.agents.lease``): only a keeper that renews within the
+    fence keeps another delivery from asking the model again, and a dead asker's turn waits a
+    fence longer. On a Redis Cluster the same holds of its ``cluster-node-timeout``."""
     lease = min(core.lease_seconds, TURN_LEASE_SECONDS)
     if core.store.clustered:
         return _cluster_failover_problem(core, lease)
@@ -337,9 +338,9 @@ def lease_failover_problem(core: Core) -> str | None:
             f"a failover of master {master!r} takes its down-after-milliseconds "
             f"({down_after:g} s) and more, longer than a hosted turn's asking lease "
             f"({lease:g} s, the task time limit plus the lease margin, at most "
-            f"{TURN_LEASE_SECONDS:g} s): a model call running across it may be asked a second "
-            "time. Lower down-after-milliseconds or raise SAGA_TASK_TIME_LIMIT "
-            "(docs/durability.md)"
+            f"{TURN_LEASE_SECONDS:g} s): a model call running across it is kept from being "
+            "asked a second time only by its asker renewing within the asker fence. Lower "
+            "down-after-milliseconds or raise SAGA_TASK_TIME_LIMIT (docs/durability.md)"
         )
     return None
 
@@ -358,8 +359,9 @@ def _cluster_failover_problem(core: Core, lease: float) -> str | None:
         f"a Redis Cluster master's failover takes its cluster-node-timeout ({timeout:g} s) and "
         f"more, longer than a hosted turn's asking lease ({lease:g} s, the task time limit "
         f"plus the lease margin, at most {TURN_LEASE_SECONDS:g} s): a model call running "
-        "across it may be asked a second time. Lower cluster-node-timeout or raise "
-        "SAGA_TASK_TIME_LIMIT (docs/durability.md)"
+        "across it is kept from being asked a second time only by its asker renewing within "
+        "the asker fence. Lower cluster-node-timeout or raise SAGA_TASK_TIME_LIMIT "
+        "(docs/durability.md)"
     )
 
 

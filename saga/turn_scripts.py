@@ -8,23 +8,49 @@ apart, a change to the loop does not touch the saga's core transitions.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from saga.constants import turn_lease_key
 from saga.store_scripts import Outcome, StoreCore, reachable
+
+
+@dataclass(frozen=True)
+class AskerFence:
+    """How a delivery fences the last asker of a turn whose lease ran out under it: it may
+    ask once it has seen the store answer for ``seconds``, never ``gap_seconds`` without, and
+    the asker give no sign of life meanwhile. Longer than the asker's keeper takes to renew
+    once the store is back (``saga.agents.lease``), and than a replay's pause."""
+
+    seconds: float
+    gap_seconds: float
+
+    def as_ms(self) -> tuple[int, int]:
+        return max(1, int(self.seconds * 1000)), max(1, int(self.gap_seconds * 1000))
 
 
 class TurnScripts(StoreCore):
     """The store's scripts of a hosted agent's turns and approvals."""
 
     def ask_model(
-        self, run_id: str, turn: int, lease_seconds: float, token: str, most: int = 0
+        self,
+        run_id: str,
+        turn: int,
+        lease_seconds: float,
+        token: str,
+        most: int = 0,
+        fence: AskerFence | None = None,
     ) -> str:
         """Take turn ``turn``'s lease under ``token`` and count the policy call it is taken
         for: ``ok``; else nothing counted: ``busy`` while another delivery holds the lease,
-        ``answered`` when the turn's answer is recorded, ``spent`` when the turn has been
-        asked ``most`` times already (0: no limit)."""
+        ``fenced`` while the last asker's lease ran out under it and ``fence`` has not yet
+        seen it give no sign of life (ask again within ``fence.gap_seconds``), ``answered``
+        when the turn's answer is recorded, ``spent`` when the turn has been asked ``most``
+        times already (0: no limit). ``fence`` None: no fence (a lease that ran out is free)."""
         lease_ms = max(1, int(lease_seconds * 1000))
         lease = turn_lease_key(run_id, turn)
-        return str(self._call("ask_model", run_id, turn, lease_ms, token, most, extra=lease).status)
+        fence_ms, gap_ms = (0, 0) if fence is None else fence.as_ms()
+        args = (turn, lease_ms, token, most, fence_ms, gap_ms)
+        return str(self._call("ask_model", run_id, *args, extra=lease).status)
 
     def renew_turn_lease(self, run_id: str, turn: int, token: str, lease_seconds: float) -> str:
         """Extend the turn's lease if ``token`` still holds it: ``ok``; ``retaken`` when the
@@ -37,8 +63,10 @@ class TurnScripts(StoreCore):
         return str(outcome.status)
 
     def release_turn_lease(self, run_id: str, turn: int, token: str) -> None:
-        """End the turn's lease if ``token`` still holds it (a model call with no answer)."""
-        self._call("turn_lease", run_id, "release", token, 0, extra=turn_lease_key(run_id, turn))
+        """End the turn's lease if ``token`` still holds it (a model call with no answer),
+        and with it the asker's fence: it gave its call up."""
+        lease = turn_lease_key(run_id, turn)
+        self._call("turn_lease", run_id, "release", token, 0, turn, extra=lease)
 
     def record_answer(
         self,

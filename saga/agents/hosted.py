@@ -29,7 +29,7 @@ import redis
 from saga import telemetry
 from saga.agents.agent import Agent, AgentRegistry, OnLimit
 from saga.agents.launch import publish_agents, send_turn
-from saga.agents.lease import TURN_LEASE_SECONDS, Hold, keeper_for
+from saga.agents.lease import ASKER_FENCE, FENCE_POLL, TURN_LEASE_SECONDS, Hold, keeper_for
 from saga.agents.messages import ModelTurn
 from saga.agents.policies import take_turn
 from saga.agents.turn_calls import Placed, dispatch_calls
@@ -63,6 +63,9 @@ logger = logging.getLogger("saga.agents")
 LONGEST_MODEL_WAIT = 300.0
 #: A turn whose model is being asked by another delivery comes back after this long.
 _LEASE_WAIT = 2.0
+#: How many times a delivery fencing the last asker asks again before it gives the turn
+#: back (the store kept going away under the fence): three fences' worth.
+_FENCE_POLLS = int(3 * ASKER_FENCE.seconds / FENCE_POLL)
 #: How often a turn whose run kept changing under its dispatch is played again at once.
 _CONTENDED_REPLAYS = 10
 
@@ -216,8 +219,13 @@ def _ask(
     most = agent.model_retry.attempts + core.settings.max_redeliveries
     hold = Hold(run_id, turn, min(core.lease_seconds, TURN_LEASE_SECONDS), delivery.token)
     # A replay's ask under the same token is counted once (ask_model.lua).
-    taken = turns.ask_model(run_id, turn, hold.seconds, hold.token, most)
-    if taken == "busy":
+    taken = turns.ask_model(run_id, turn, hold.seconds, hold.token, most, ASKER_FENCE)
+    polls = 0
+    while taken == "fenced" and polls < _FENCE_POLLS:  # the last asker may be alive: watch
+        time.sleep(FENCE_POLL)
+        polls += 1
+        taken = turns.ask_model(run_id, turn, hold.seconds, hold.token, most, ASKER_FENCE)
+    if taken in ("busy", "fenced"):
         return Again(_LEASE_WAIT)
     if taken == "answered":  # recorded since this delivery read the run: play it again
         return Again(0.0)

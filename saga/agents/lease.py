@@ -15,10 +15,13 @@ The case left is the store away for longer than a lease while the call runs (a f
 election outlasts it): the keeper cannot renew, and the lease runs out on the new master. So a
 keeper whose renewal failed tries again every ``_RETRY_AWAY`` seconds, not a third of a lease
 later, and a renewal that finds the lease gone, nobody else holding it and the turn unanswered
-takes it back (``turn_lease.lua``). Only a delivery that asks in the moment between the store's
-return and that renewal asks the model a second time: the hold is then marked lost and logged,
-and the answer still only counts if it is the first recorded (``record_answer.lua``). A lease
-longer than the store's longest failover closes it (``docs/durability.md``).
+takes it back (``turn_lease.lua``). A lease's clock cannot tell an asker that died from one
+the store could not hear, so the turn remembers its asker until it records an answer or gives
+the call up, and a delivery that finds that asker's lease run out fences it (``ASKER_FENCE``,
+``ask_model.lua``): it asks only once it has seen the store answer for a while, without a gap,
+and no renewal from the asker in that time. A live asker's keeper renews within
+``_RETRY_AWAY`` of the store's return, well inside the fence, and the fencing delivery waits
+for its answer; a dead asker's turn is asked again a fence later than its lease ran out.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 
 from saga.errors import SagaError
 from saga.stack import RunStore
+from saga.turn_scripts import AskerFence
 
 logger = logging.getLogger("saga.agents")
 
@@ -41,6 +45,13 @@ logger = logging.getLogger("saga.agents")
 TURN_LEASE_SECONDS = 60.0
 #: How soon a keeper tries again after a renewal the store did not answer.
 _RETRY_AWAY = 0.5
+#: A delivery that finds the last asker's lease run out under it asks only after the store
+#: answered it for 4 s, never 1.5 s without, and the asker did not renew meanwhile: eight
+#: times the keeper's retry, and longer than a replay's longest pause (2 s) for an asker
+#: that holds an answer to record.
+ASKER_FENCE = AskerFence(seconds=4.0, gap_seconds=1.5)
+#: How often a fencing delivery asks again (well inside the fence's gap).
+FENCE_POLL = 0.5
 
 
 @dataclass

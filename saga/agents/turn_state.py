@@ -26,6 +26,7 @@ from saga.errors import PayloadError, RunEndedError
 from saga.model import RunState, StepState
 from saga.picture import RunPicture, StepRecord
 from saga.stack import RunStore, reachable
+from saga.turn_scripts import AskerFence
 
 _TURN_FIELD = re.compile(r"^(\d+):(answer|results|advanced|asked)$")
 _CALL_FIELD = re.compile(r"^(\d+):(\d+):(refused|approval|decision)$")
@@ -275,12 +276,18 @@ class TurnStore:
         return ModelTurn.from_dict(json.loads(outcome.values[0]))
 
     def ask_model(
-        self, run_id: str, turn: int, lease_seconds: float, token: str, most: int = 0
+        self,
+        run_id: str,
+        turn: int,
+        lease_seconds: float,
+        token: str,
+        most: int = 0,
+        fence: AskerFence | None = None,
     ) -> str:
         """Take the turn's lease and count the model call (one step): only one delivery of a
         turn asks the model at a time, and a redelivery while a slow model still answers the
         first must wait for its answer, not ask again. ``record_answer`` releases it."""
-        return self.store.ask_model(run_id, turn, lease_seconds, token, most)
+        return self.store.ask_model(run_id, turn, lease_seconds, token, most, fence)
 
     def release_lease(self, run_id: str, turn: int, token: str) -> None:
         """For a model call that ended without an answer to record."""

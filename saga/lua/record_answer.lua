@@ -8,6 +8,7 @@
 -- not kept: the run's record is written, or being written, without it.
 local field = ARGV[1] .. ':answer'
 if redis.call('GET', KEYS[7]) == ARGV[6] then redis.call('DEL', KEYS[7]) end
+redis.call('HDEL', AGENT, ARGV[1] .. ':asker', ARGV[1] .. ':claim')
 local had = redis.call('HGET', AGENT, field)
 if had then return {'dup', had} end
 if redis.call('EXISTS', AGENT) == 0 then return {'unknown'} end

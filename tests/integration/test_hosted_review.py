@@ -17,6 +17,7 @@ import pytest
 
 from saga import Saga
 from saga.agents import ChatModelPolicy, ModelTurn, ScriptedPolicy, ToolCall, launch, loop_listener
+from saga.agents import hosted as hosted_loop
 from saga.agents.hosted import Again, run_turn
 from saga.agents.turn_state import LoopState, TurnStore, document
 from saga.client import Client
@@ -24,6 +25,7 @@ from saga.constants import TURN_QUEUE, agent_key, run_keys, turn_lease_key
 from saga.core import Core
 from saga.errors import ApprovalError, StoreUnavailableError
 from saga.model import RunState
+from saga.turn_scripts import AskerFence
 from tasks import systems
 from tasks.agents import CREDIT, REPLY
 from tests.integration.helpers import wait_until
@@ -234,27 +236,74 @@ def test_a_lease_that_ran_out_while_the_store_was_away_is_taken_back_by_its_aske
 def test_a_lease_is_not_taken_back_once_another_delivery_asked_or_the_turn_is_answered(
     world: Saga,
 ) -> None:
-    """A renewal that finds the lease gone takes it back only while nobody holds it and the
-    turn has no answer: another delivery's lease, or a recorded answer, stands."""
+    """A renewal that finds the lease gone takes it back only while the renewer is still the
+    turn's asker and the turn has no answer: another delivery's ask, or an answer, stands."""
     run_id = start(world, "review_credit_then_done")
     lease = turn_lease_key(run_id, 1)
-    assert world.store.ask_model(run_id, 1, 5.0, "the-first") == "ok"
-    world.store.client.delete(lease)  # ran out while the store was away
-    assert world.store.ask_model(run_id, 1, 5.0, "the-second") == "ok"
-    assert world.store.renew_turn_lease(run_id, 1, "the-first", 5.0) == "lost"
-    assert world.store.client.get(lease) == "the-second"
+    store = world.store
+    fence = AskerFence(seconds=0.3, gap_seconds=5.0)
+    assert store.ask_model(run_id, 1, 5.0, "the-first") == "ok"
+    store.client.delete(lease)  # ran out while the store was away
+    assert store.ask_model(run_id, 1, 5.0, "the-second", fence=fence) == "fenced"
+    time.sleep(0.35)  # the first gave no sign of life for a fence: it is taken for dead
+    assert store.ask_model(run_id, 1, 5.0, "the-second", fence=fence) == "ok"
+    assert store.renew_turn_lease(run_id, 1, "the-first", 5.0) == "lost"
+    assert store.client.get(lease) == "the-second"
 
-    world.store.client.delete(lease)
-    assert world.store.renew_turn_lease(run_id, 1, "the-first", 5.0) == "retaken"
-    assert world.store.client.get(lease) == "the-first"
-    assert world.store.renew_turn_lease(run_id, 1, "the-first", 5.0) == "ok"
+    store.client.delete(lease)
+    assert store.renew_turn_lease(run_id, 1, "the-first", 5.0) == "lost"  # not its turn now
+    assert store.renew_turn_lease(run_id, 1, "the-second", 5.0) == "retaken"
+    assert store.client.get(lease) == "the-second"
+    assert store.renew_turn_lease(run_id, 1, "the-second", 5.0) == "ok"
 
-    assert play(world, run_id, 1) == Again(2.0, model_attempt=False)  # busy: the first's
-    world.store.release_turn_lease(run_id, 1, "the-first")
-    assert play(world, run_id, 1) is None  # answered now
-    assert world.store.renew_turn_lease(run_id, 1, "the-first", 5.0) == "lost"
-    assert world.store.client.get(lease) is None
+    assert play(world, run_id, 1) == Again(2.0, model_attempt=False)  # busy: the second's
+    store.release_turn_lease(run_id, 1, "the-second")
+    assert play(world, run_id, 1) is None  # a call given up is not fenced: answered now
+    assert store.renew_turn_lease(run_id, 1, "the-second", 5.0) == "lost"
+    assert store.client.get(lease) is None
     settled(world, run_id)
+
+
+def test_an_asker_whose_lease_ran_out_while_the_store_was_away_is_fenced_not_asked_over(
+    world: Saga,
+) -> None:
+    """The asker's lease ran out on the store (a failover longer than the lease) while its
+    model call still ran. Another delivery claims the turn and waits: the asker's keeper,
+    renewing once the store is back, takes the lease back and ends the claim, and the
+    delivery then waits for the asker's answer instead of asking the model a second time."""
+    run_id = start(world, "review_credit_then_done")
+    lease = turn_lease_key(run_id, 1)
+    store = world.store
+    fence = AskerFence(seconds=0.3, gap_seconds=5.0)
+    assert store.ask_model(run_id, 1, 5.0, "the-asker") == "ok"
+    store.client.delete(lease)
+    assert store.ask_model(run_id, 1, 5.0, "a-redelivery", fence=fence) == "fenced"
+    assert store.renew_turn_lease(run_id, 1, "the-asker", 5.0) == "retaken"
+    time.sleep(0.35)
+    assert store.ask_model(run_id, 1, 5.0, "a-redelivery", fence=fence) == "busy"
+    state = LoopState.parse(world.picture(run_id).agent)
+    assert state is not None and state.asked == {1: 1} and state.model_calls == 1
+
+    # The claim was ended: a later lapse is fenced from the start, never from the old claim.
+    store.client.delete(lease)
+    assert store.ask_model(run_id, 1, 5.0, "a-redelivery", fence=fence) == "fenced"
+
+
+def test_a_fence_seen_with_a_gap_starts_over(world: Saga) -> None:
+    """A delivery that did not see the store for longer than the fence's gap (the store away
+    again, from its view) has not watched the asker for the fence: it starts over."""
+    run_id = start(world, "review_credit_then_done")
+    store = world.store
+    fence = AskerFence(seconds=0.5, gap_seconds=1.0)
+    assert store.ask_model(run_id, 1, 5.0, "the-asker") == "ok"
+    store.client.delete(turn_lease_key(run_id, 1))
+    assert store.ask_model(run_id, 1, 5.0, "a-redelivery", fence=fence) == "fenced"
+    time.sleep(1.2)  # a gap: started over, not yet half a second seen
+    assert store.ask_model(run_id, 1, 5.0, "a-redelivery", fence=fence) == "fenced"
+    time.sleep(0.6)
+    assert store.ask_model(run_id, 1, 5.0, "a-redelivery", fence=fence) == "ok"
+    state = LoopState.parse(world.picture(run_id).agent)
+    assert state is not None and state.asked == {1: 2}
 
 
 def test_an_answer_that_comes_after_the_run_ended_is_not_kept(world: Saga) -> None:
@@ -309,8 +358,10 @@ def test_a_revival_the_broker_refuses_does_not_abandon_the_run(
 def test_the_lease_of_an_asker_that_died_runs_out_and_the_turn_is_asked_again(
     world: Saga, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nobody renews a dead asker's lease: once it ran out, the next delivery asks."""
+    """Nobody renews a dead asker's lease: once it ran out, and the asker gave no sign of
+    life for a fence, the next delivery asks."""
     monkeypatch.setattr(Core, "lease_seconds", property(lambda self: 0.3))
+    monkeypatch.setattr(hosted_loop, "ASKER_FENCE", AskerFence(seconds=0.5, gap_seconds=1.5))
     run_id = start(world, "review_credit_then_done")
     assert world.store.ask_model(run_id, 1, 0.3, "a-delivery-that-died") == "ok"
 

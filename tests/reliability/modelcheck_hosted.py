@@ -94,6 +94,17 @@ try:  # the lease keeper (renews the asking lease while the model call runs) is 
 except ImportError:  # pragma: no cover - old code
     keeper_for = None  # type: ignore[assignment]
 
+try:  # the fence of an asker whose lease ran out (ask_model.lua) is newer still
+    from saga.agents import hosted as _hosted_loop
+    from saga.turn_scripts import AskerFence
+
+    # The model moves time in whole leases (``lease_time_passes``), in which a live asker's
+    # keeper renews: a dead asker's fence passes at once rather than in real seconds.
+    _hosted_loop.ASKER_FENCE = AskerFence(seconds=0.001, gap_seconds=60.0)  # type: ignore[misc]
+    _hosted_loop.FENCE_POLL = 0.002  # type: ignore[misc]
+except ImportError:  # pragma: no cover - old code
+    pass
+
 AGENT = "checked"
 #: The tool a person must approve (class 5).
 APPROVED_TOOL = "send_mail"
