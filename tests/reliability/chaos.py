@@ -153,6 +153,12 @@ TURN_KINDS = {
 #: A chaos turn's asking lease: the tool time limit plus the lease margin (``Saga.lease_seconds``,
 #: below ``saga.agents.lease.TURN_LEASE_SECONDS``). A long model call thinks 1.4-2x as long.
 TURN_LEASE = TIME_LIMIT + 2.0
+#: How long a question about a costly refund waits for the operator (``answer_questions``)
+#: before it expires into an escalation; "later" puts it off as long again.
+ASK_SECONDS = 6
+#: What the operator answers, by weight (seeded per run and step): "never" lets it expire;
+#: "later" is followed by "reverse" the next time the question is seen.
+ANSWERS = (("reverse", 40), ("keep", 25), ("later", 15), ("never", 20))
 #: Kinds whose faults are all recoverable: the run should complete.
 RECOVERABLE = {"clean", "transient_fail", "kill_before", "kill_after", *TURN_KINDS}
 PRE_PIVOT = (["peek", "tag", "put", "charge"], [2, 1, 3, 3])
@@ -195,6 +201,15 @@ def _undo_fault(rng: random.Random, steps: list[int]) -> dict[str, dict[str, Any
     if which == "loop":
         return {f"ckill:{k}": _fault(rng.choice(["before", "after"]), 99)}
     return {f"ckill:{k}": _fault(which.removeprefix("kill_"))}
+
+
+def operator_answer(seed: int, run_id: str, step: int, said: list[str]) -> str:
+    """What the chaos operator answers to the question about ``step``'s undo, having answered
+    ``said`` already: seeded per run and step; after "later", "reverse"."""
+    if said and said[-1] == "later":
+        return "reverse"
+    names, weights = zip(*ANSWERS, strict=True)
+    return random.Random(f"{seed}:{run_id}:{step}").choices(names, weights)[0]
 
 
 def make_plan(rng: random.Random, index: int, hosted_share: float = 0.0) -> dict[str, Any]:
@@ -469,6 +484,9 @@ class Chaos:
         self.turn_slot = args.workers
         self.turn_restarts = 0
         self.dead_turn_pids: set[int] = set()
+        #: The operator's answers to the undos that asked, by run and step, in order (an
+        #: answer is written down before it is sent: its reply may be lost to a failover).
+        self.answers: dict[str, dict[int, list[str]]] = {}
 
     # -- processes ----------------------------------------------------------------------------
 
@@ -539,6 +557,7 @@ class Chaos:
                 p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
             ),
             "SAGA_CHAOS_WORKER": "1",
+            "SAGA_REVERSAL_ASK_SECONDS": str(ASK_SECONDS),
         }
         self.ledger = chaos_app.configure(plain)
         app = Celery("saga-chaos-agent")
@@ -556,6 +575,7 @@ class Chaos:
             database_url=database,
             run_deadline_seconds=self.args.deadline,
             replicas_to_confirm=1 if self.args.store != "redis" else 0,
+            reversal_ask_seconds=ASK_SECONDS,
         )
         self.saga = Saga(app, chaos_app.tools, settings)
         self.saga.records  # noqa: B018 - create the tables once, before the threads race to
@@ -640,6 +660,50 @@ class Chaos:
                 for run_id, step in report.never_started:
                     self.reaped_runs.setdefault(run_id, []).append(f"step {step} never started")
 
+    def answer_questions(self) -> None:
+        """A person at the console: the undos that ask (refunds of costly charges) are
+        answered as seeded for their run and step (``ANSWERS``): reversed, kept with a note,
+        put off and then reversed, or never answered (the question expires)."""
+        from saga.errors import OperationRefusedError, SagaError
+        from saga.operations import waiting_for_a_person
+
+        while not self.stop.wait(0.5):
+            try:
+                active = self.saga.store.active_runs()
+            except SagaError:
+                continue
+            for run_id in active:
+                try:
+                    picture = self.saga.picture(run_id)
+                except SagaError:
+                    continue
+                if picture is None or picture.state.value != "unwinding":
+                    continue
+                for question in waiting_for_a_person(picture):
+                    step = int(question["step"])
+                    with self.lock:
+                        said = self.answers.setdefault(run_id, {}).setdefault(step, [])
+                        decision = operator_answer(self.args.seed, run_id, step, said)
+                        if decision == "never" and said:
+                            continue
+                        said.append(decision)
+                    if decision == "never":
+                        continue
+                    note = "chaos: within the goodwill budget" if decision == "keep" else ""
+                    try:
+                        self.saga.decide_reversal(
+                            run_id,
+                            step,
+                            decision,
+                            args_hash=str(question["args_hash"]),
+                            by="chaos-operator",
+                            note=note,
+                        )
+                    except OperationRefusedError as exc:  # decided meanwhile (a lost reply)
+                        print(f"chaos: {run_id} step {step}: {exc}", file=sys.stderr)
+                    except SagaError:
+                        self.note_retry("decide_reversal")
+
     def disturb(self) -> None:
         """The topology's own faults among the plans' kills: on a Sentinel store a
         ``SENTINEL FAILOVER`` every ``--failover-every`` seconds; on a cluster store, as often,
@@ -715,6 +779,7 @@ class Chaos:
             threading.Thread(target=self.supervise, daemon=True, name="supervisor"),
             threading.Thread(target=self.reap, daemon=True, name="reaper"),
             threading.Thread(target=self.disturb, daemon=True, name="disturber"),
+            threading.Thread(target=self.answer_questions, daemon=True, name="operator"),
         ]
         for thread in self.threads:
             thread.start()
@@ -1067,11 +1132,16 @@ class Findings:
 
 
 def check(
-    saga: Any, ledger: Any, drives: list[Drive], dead_turn_pids: set[int] | None = None
+    saga: Any,
+    ledger: Any,
+    drives: list[Drive],
+    dead_turn_pids: set[int] | None = None,
+    answers: dict[str, dict[int, list[str]]] | None = None,
 ) -> tuple[Findings, dict[str, Any]]:
     """Every invariant, from the ledger; the saga's records are only read to see what a person
     would be told (escalations) and how each run ended. ``dead_turn_pids``: the turn workers
-    that died (killed) during the run."""
+    that died (killed) during the run; ``answers``: what the operator answered to the undos
+    that asked (``Chaos.answer_questions``)."""
     from saga.model import CompensationState
     from tests.reliability import chaos_app
 
@@ -1090,7 +1160,8 @@ def check(
         by_run.setdefault(record["run"], {})[key] = record
     hosted: Counter[str] = Counter()
     for drive in drives:
-        _check_run(saga, drive, by_run.get(drive.run_id, {}), escalations, findings)
+        said = (answers or {}).get(drive.run_id, {})
+        _check_run(saga, drive, by_run.get(drive.run_id, {}), escalations, findings, said)
         if "hosted" in drive.plan:
             _check_hosted(saga, drive, dead_turn_pids or set(), findings, hosted)
         for error in drive.errors:
@@ -1110,6 +1181,11 @@ def check(
         "compensations_failed": comps[CompensationState.FAILED.value],
         "reconciled": reconciled,
         "hosted": dict(hosted),
+        "questions": sum(len(steps) for steps in (answers or {}).values()),
+        "answered": Counter(
+            said[0] for steps in (answers or {}).values() for said in steps.values()
+        ),
+        "compensations_kept": comps[CompensationState.KEPT.value],
     }
     return findings, figures
 
@@ -1260,11 +1336,22 @@ def _check_run(
     effects: dict[str, dict[str, Any]],
     escalations: dict[str, list[Any]],
     findings: Findings,
+    said: dict[int, list[str]] | None = None,
 ) -> None:
     from saga.model import CompensationState, RunState
 
     plan, run_id = drive.plan, drive.run_id
     picture = saga.picture(run_id)
+    said = said or {}
+    # 0. An effect is kept on purpose only where a person said keep; an undo still asking
+    # in an ended run was neither answered nor expired.
+    kept = {c.step for c in picture.compensations if c.state is CompensationState.KEPT}
+    for step in sorted(kept):
+        if "keep" not in said.get(step, []):
+            findings.violation(drive, f"step {step} kept, nobody answered keep ({said.get(step)})")
+    for comp in picture.compensations:
+        if comp.state is CompensationState.ASKED and picture.state.ended:
+            findings.violation(drive, f"run {picture.state.value}, step {comp.step} still asks")
     state = picture.state
     findings.states[state.value] += 1
     # 1. Exactly one end, recorded for people, none stuck.
@@ -1277,7 +1364,7 @@ def _check_run(
     elif record.state != state.value:
         findings.violation(drive, f"run record says {record.state}, the run is {state.value}")
     records = [e for e in escalations.get(run_id, []) if not e.resolved]
-    if state is RunState.ESCALATED and not records:
+    if state is RunState.ESCALATED and not records and not (kept and escalations.get(run_id)):
         findings.violation(drive, f"escalated ({picture.reason}) without an escalation record")
     if state is not RunState.ESCALATED and records:
         findings.violation(drive, f"{state.value} but has an open escalation record")
@@ -1313,7 +1400,7 @@ def _check_run(
             elif state is RunState.COMPENSATED and step not in undone:
                 findings.violation(drive, f"step {step} ({tool}) live in a compensated run")
             elif state is RunState.ESCALATED and step not in undone:
-                if step not in listed_live:
+                if step not in listed_live and step not in kept:
                     findings.violation(
                         drive, f"step {step} ({tool}) live, escalated without listing it"
                     )
@@ -1566,7 +1653,9 @@ def main(argv: list[str] | None = None) -> int:
         for worker in chaos.workers:  # nothing may move while the ledger is read
             if worker is not None:
                 worker.stop(timeout=15)
-        findings, figures = check(chaos.saga, chaos.ledger, drives, chaos.dead_turn_pids)
+        findings, figures = check(
+            chaos.saga, chaos.ledger, drives, chaos.dead_turn_pids, chaos.answers
+        )
         stats = {k: int(v) for k, v in chaos.ledger.client.hgetall("chaos:stats").items()}
         restarts = chaos.restarts
         turn_restarts = chaos.turn_restarts
@@ -1639,6 +1728,11 @@ def main(argv: list[str] | None = None) -> int:
         "failed for good)"
     )
     print(f"escalations: {figures['escalation_records']} records for {escalated} escalated runs")
+    answered = ", ".join(f"{k} {v}" for k, v in sorted(figures["answered"].items()))
+    print(
+        f"a person asked: {figures['questions']} costly refunds ({answered or 'none'}; "
+        f"{figures['compensations_kept']} kept on purpose)"
+    )
     reconciled = ", ".join(f"{k} {v}" for k, v in sorted(figures["reconciled"].items()))
     print(
         f"redelivered executions: {figures['redelivered']}; in-doubt steps reconciled: "
@@ -1677,7 +1771,8 @@ def main(argv: list[str] | None = None) -> int:
             "disturbed_longest": {k: round(v, 1) for k, v in longest_of.items()},
             "disturb_failures": disturb_failures,
             "agent_retries": retried,
-            "figures": {k: v for k, v in figures.items() if k != "reconciled"},
+            "figures": {k: v for k, v in figures.items() if k not in ("reconciled", "answered")},
+            "answered": dict(figures["answered"]),
             "reconciled": dict(figures["reconciled"]),
             "violations": findings.violations,
             "notes": dict(findings.notes),

@@ -360,7 +360,22 @@ def _refund(args: dict[str, Any], result: dict[str, Any]) -> Undo:
     )
 
 
-@tools.tool(ToolClass.COMPENSATABLE_WRITE, compensation=_refund, retry=FAST, lookup=_lookup)
+#: A charge this large is a costly reversal: its refund asks a person first (the chaos run's
+#: operator answers, or lets the question expire).
+COSTLY_CENTS = 8000
+
+
+def _costly(args: dict[str, Any], result: Any) -> bool:
+    return int(args["cents"]) >= COSTLY_CENTS
+
+
+@tools.tool(
+    ToolClass.COMPENSATABLE_WRITE,
+    compensation=_refund,
+    retry=FAST,
+    lookup=_lookup,
+    reversal=_costly,
+)
 def charge(ctx: StepContext, account: str, cents: int) -> dict[str, Any]:
     """Charge an account (class 4: undone by a visible refund of the captured charge id)."""
     args = {"account": account, "cents": cents}
