@@ -1,7 +1,8 @@
 """The demo's credit scenario as a driven run, for ``saga drill``
 (``saga drill --app tasks.app:saga --scenario tasks.scenarios:credit_refund``): look the order
 up, credit it, mark the ticket, mail the customer (the pivot). Each run starts from a fresh
-world, so every case of the drill meets the same one."""
+world, so every case of the drill meets the same one (a run replayed with ``--from-run`` gets
+it from ``--setup tasks.systems:reset``)."""
 
 from __future__ import annotations
 

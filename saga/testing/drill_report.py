@@ -7,7 +7,9 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from saga.testing.drill import MEANINGS, CaseResult, DrillReport, StepOutcome
+from saga.testing.drill import DrillReport
+from saga.testing.drill_judge import CaseResult, StepOutcome
+from saga.testing.drill_plan import MEANINGS
 
 #: What a cell's first word means (saga's report of the step).
 LEGEND = (
@@ -25,6 +27,7 @@ def to_json(report: DrillReport) -> dict[str, Any]:
         "seed": report.seed,
         "skipped": report.skipped,
         "steps": [{"step": p, "tool": t, "class": c} for p, t, c in report.steps],
+        "pivot": report.pivot,
         "cases": [
             {
                 "fault": asdict(case.fault) | {"name": case.fault.name},
@@ -34,6 +37,7 @@ def to_json(report: DrillReport) -> dict[str, Any]:
                 "raised": case.raised,
                 "seconds": round(case.seconds, 2),
                 "fault_hits": case.hits,
+                "copy": case.copy,
                 "steps": [asdict(s) for s in case.steps],
                 "mismatches": [str(m) for m in case.mismatches],
             }
@@ -59,7 +63,8 @@ def _cell(outcome: StepOutcome | None) -> str:
 def _rows(report: DrillReport) -> tuple[list[str], list[list[str]]]:
     writes = sorted({o.step for case in report.cases for o in case.steps})
     names = {p: t for p, t, _ in report.steps}
-    header = ["fault", "end", *(f"{p} {names.get(p, '?')}" for p in writes), "verdict"]
+    steps = [f"{p} {names.get(p, '?')}{' (pivot)' if p == report.pivot else ''}" for p in writes]
+    header = ["fault", "end", *steps, "verdict"]
     rows = []
     for case in report.cases:
         by_step = {o.step: o for o in case.steps}

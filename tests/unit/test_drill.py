@@ -8,18 +8,22 @@ from typing import Any
 import pytest
 
 from saga import StepContext, ToolClass, ToolDefinitionError, ToolRegistry, Undo
-from saga.model import RunState
+from saga.errors import StepRejectedError
+from saga.model import RunState, StepState
 from saga.testing.drill import (
+    KINDS,
     CaseResult,
     DrillReport,
     Fault,
     Mismatch,
     StepOutcome,
-    _mismatches,
-    _PlannedStep,
+    _install,
     plan,
     sample,
 )
+from saga.testing.drill_judge import mismatches_of
+from saga.testing.drill_plan import HOLD_SECONDS, MEANINGS, PlannedStep
+from saga.testing.drill_replay import RecordedCall, Replay, calls_of, with_setup
 from saga.testing.drill_report import to_json, to_markdown, to_text
 
 
@@ -56,10 +60,10 @@ def _tools() -> ToolRegistry:
 
 
 STEPS = [
-    _PlannedStep(1, "read", ToolClass.READ, ""),
-    _PlannedStep(2, "write", ToolClass.COMPENSATABLE_WRITE, "put_back"),
-    _PlannedStep(3, "write", ToolClass.COMPENSATABLE_WRITE, "put_back"),
-    _PlannedStep(4, "send", ToolClass.IRREVERSIBLE_WRITE, ""),
+    PlannedStep(1, "read", ToolClass.READ, ""),
+    PlannedStep(2, "write", ToolClass.COMPENSATABLE_WRITE, "put_back"),
+    PlannedStep(3, "write", ToolClass.COMPENSATABLE_WRITE, "put_back"),
+    PlannedStep(4, "send", ToolClass.IRREVERSIBLE_WRITE, ""),
 ]
 
 
@@ -76,7 +80,16 @@ def test_the_plan_has_each_fault_at_each_step_and_undo() -> None:
     undos = {f.step: f for f in faults if f.kind == "undo_fails_always"}
     assert (undos[3].nth, undos[2].nth) == (1, 2)
     assert undos[2].times == 5 and undos[2].abort_after == 3  # before the pivot (step 4)
-    assert len(faults) == 1 + 3 * 3 + 2 * 3 + 4
+    # each write is delivered twice and aborted mid-effect; a read has no effect to strike
+    assert [f.step for f in faults if f.kind == "delivered_twice"] == [2, 3, 4]
+    mid = [(f.step, f.nth, f.abort_after) for f in faults if f.kind == "aborted_mid_effect"]
+    assert mid == [(2, 1, 2), (3, 2, 3), (4, 1, 4)]
+    # every undo is also killed mid-effect and delivered twice, newest first as above
+    for kind in ("undo_killed_mid_effect", "undo_delivered_twice"):
+        struck = {f.step: (f.tool, f.nth, f.abort_after) for f in faults if f.kind == kind}
+        assert struck == {2: ("put_back", 2, 3), 3: ("put_back", 1, 3)}
+    steps = 4 + 3 * 4  # each step fails before; each write after, killed, twice, aborted mid
+    assert len(faults) == steps + 2 * 5 + 4  # five undo kinds for each of two undos; aborts
 
 
 def test_sampling_is_bounded_seeded_and_keeps_the_order() -> None:
@@ -110,7 +123,7 @@ def test_a_step_is_judged_by_the_world(
     state: RunState,
     expected: list[str],
 ) -> None:
-    found = _mismatches(StepOutcome(2, "write", saga, world, source, undo), state, True)
+    found = mismatches_of(StepOutcome(2, "write", saga, world, source, undo), state, True)
     assert len(found) == len(expected)
     for what, part in zip(found, expected, strict=True):
         assert part in what
@@ -120,7 +133,7 @@ def test_the_reports_name_every_mismatch() -> None:
     case = CaseResult(Fault("aborted_after", 3, "write", abort_after=3), run_id="r1")
     case.end_state = "compensated"
     case.steps = [StepOutcome(2, "write", "undone", 1, "verify", 2)]
-    found = _mismatches(case.steps[0], RunState.COMPENSATED, True)
+    found = mismatches_of(case.steps[0], RunState.COMPENSATED, True)
     case.mismatches = [Mismatch(case.fault.name, "write", 2, what) for what in found]
     report = DrillReport("book", [(2, "write", 4)], [case])
     text = to_text(report)
@@ -144,3 +157,154 @@ def test_verify_is_for_writes_and_compensations() -> None:
         @tools.compensation(verify="not callable")
         def undo_it() -> None:
             return None
+
+
+class _ToolRules:
+    """What ``_install`` asks of a tool's faults, written down instead of into Redis."""
+
+    def __init__(self, tool: str, written: list[tuple[str, str, dict[str, Any]]]) -> None:
+        self.tool, self.written = tool, written
+
+    def __getattr__(self, method: str) -> Any:
+        def write(*args: Any, **options: Any) -> str:
+            self.written.append((self.tool, method, {"args": args, **options}))
+            return "rule"
+
+        return write
+
+
+class _Rules:
+    def __init__(self) -> None:
+        self.written: list[tuple[str, str, dict[str, Any]]] = []
+
+    def tool(self, name: str) -> _ToolRules:
+        return _ToolRules(name, self.written)
+
+
+@pytest.mark.parametrize(
+    ("fault", "method", "options"),
+    [
+        (Fault("killed_mid_effect", 2, "write", 2), "kill_worker", {"at": "after_effect"}),
+        (Fault("delivered_twice", 2, "write", 2), "delay", {"at": "after_effect"}),
+        (Fault("aborted_mid_effect", 2, "write", 2), "delay", {"at": "after_effect"}),
+        (
+            Fault("undo_killed_mid_effect", 2, "put_back", 2),
+            "kill_worker",
+            {"at": "after_compensation"},
+        ),
+        (Fault("undo_delivered_twice", 2, "put_back", 2), "delay", {"at": "after_compensation"}),
+        (
+            Fault("undo_fails_after_effect", 2, "put_back", 2),
+            "fail_compensation",
+            {"after_effect": True},
+        ),
+    ],
+)
+def test_each_kind_is_a_rule_at_its_point(
+    fault: Fault, method: str, options: dict[str, Any]
+) -> None:
+    rules = _Rules()
+    assert _install(rules, fault) == "rule"  # type: ignore[arg-type]
+    ((tool, called, given),) = rules.written
+    assert (tool, called, given["nth"]) == (fault.tool, method, 2)
+    assert options.items() <= given.items()
+    if method == "delay":  # held after the effect while the drill strikes
+        assert given["args"] == (HOLD_SECONDS,)
+
+
+def test_an_abort_after_a_step_writes_no_rule_and_every_kind_is_described() -> None:
+    rules = _Rules()
+    assert _install(rules, Fault("aborted_after", 2, "write", abort_after=2)) is None  # type: ignore[arg-type]
+    assert not rules.written
+    assert set(KINDS) | {"none"} == set(MEANINGS)
+
+
+def test_a_recorded_run_is_replayed_call_by_call_in_step_order() -> None:
+    # Given a run's steps as recorded: one refused before dispatch, out of order
+    rows = [
+        (3, "send", {}, "succeeded"),
+        (1, "read", {"id": 7}, "succeeded"),
+        (2, "write", {"amount": 5}, "rejected"),
+        (4, "write", {"amount": 9}, StepState.NOT_DISPATCHED.value),
+    ]
+    calls = calls_of(rows)
+    assert calls == [
+        RecordedCall(1, "read", {"id": 7}),
+        RecordedCall(2, "write", {"amount": 5}),
+        RecordedCall(3, "send", {}),
+    ]
+
+    # When they are replayed (the world set up first), the rejected call fed back again
+    done: list[Any] = []
+    run = _ScriptedRun(done, reject="write")
+    Replay("r-1", calls, setup=lambda: done.append("setup"))(run)  # type: ignore[arg-type]
+
+    # Then every call is made again, in order, and the run finished
+    assert done == ["setup", ("read", {"id": 7}), ("write", {"amount": 5}), ("send", {}), "finish"]
+    assert Replay("r-1", calls).__qualname__ == "run r-1"
+
+
+def test_a_setup_runs_before_each_play_of_a_scenario() -> None:
+    done: list[Any] = []
+
+    def refund(run: Any) -> None:
+        done.append("play")
+
+    play = with_setup(lambda: done.append("setup"), refund)
+    play(None)  # type: ignore[arg-type]
+    play(None)  # type: ignore[arg-type]
+    assert done == ["setup", "play", "setup", "play"] and play.__qualname__ == refund.__qualname__
+
+
+class _ScriptedRun:
+    """A ``Run`` for the replay: it writes down each call; ``reject`` is fed back."""
+
+    def __init__(self, done: list[Any], reject: str) -> None:
+        self.done, self.reject = done, reject
+
+    def call(self, tool: str, /, **args: Any) -> _Handle:
+        self.done.append((tool, args))
+        return _Handle(tool, refused=tool == self.reject)
+
+    def finish(self, timeout: float | None = None) -> None:
+        self.done.append("finish")
+
+
+class _Handle:
+    def __init__(self, tool: str, refused: bool) -> None:
+        self.tool, self.refused = tool, refused
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self.refused:
+            raise StepRejectedError("r-1", 2, self.tool, "refused")
+        return {}
+
+
+def test_the_matrix_marks_the_pivot_and_the_json_names_the_copy() -> None:
+    case = CaseResult(Fault("delivered_twice", 4, "send"), run_id="r1", copy="r1:4")
+    case.end_state = "completed"
+    case.steps = [
+        StepOutcome(2, "write", "live", 1, "verify"),
+        StepOutcome(4, "send", "live", 1, "verify"),
+    ]
+    report = DrillReport("book", [(2, "write", 4), (4, "send", 5)], [case])
+    assert report.pivot == 4
+    assert "4 send (pivot)" in to_text(report).splitlines()[0]
+    data = to_json(report)
+    assert data["pivot"] == 4 and data["cases"][0]["copy"] == "r1:4"
+
+
+def test_the_command_takes_a_scenario_or_a_recorded_run() -> None:
+    from click.testing import CliRunner
+
+    from saga.cli.main import cli
+
+    both = ["drill", "--app", "m:s", "--scenario", "m:f", "--from-run", "r-1"]
+    for args in (["drill", "--app", "m:s"], both):
+        result = CliRunner().invoke(cli, args)
+        assert (
+            result.exit_code == 2
+            and "--scenario MODULE:FUNCTION or --from-run RUN" in result.output
+        )
+    shown = CliRunner().invoke(cli, ["drill", "--help"]).output
+    assert "--from-run RUN" in shown and "delivered twice" in shown and "--setup" in shown
