@@ -25,12 +25,35 @@ def refund_it(args: dict[str, Any], result: dict[str, Any]) -> Undo:
     return Undo("refund_charge", {"charge_id": result["charge_id"]}, "refund the charge")
 
 
+def _by_key(live: Any) -> Any:
+    """``verify(idempotency_key, args)`` (``saga drill``) from the ledger's check by key."""
+    return lambda key, _args: live(key)
+
+
+# The lookups: an effect that happened and then failed (a timeout after the write) is found
+# by its key, not taken for nothing; the drill's fail_after_effect cases play exactly that.
+def look_for_reservation(key: str, args: dict[str, Any]) -> dict[str, Any] | None:
+    reservation_id = ledger.find_reservation(key)
+    return None if reservation_id is None else {"reservation_id": reservation_id}
+
+
 def look_for_charge(key: str, args: dict[str, Any]) -> dict[str, Any] | None:
     charge_id = ledger.find_charge(key)
     return None if charge_id is None else {"charge_id": charge_id}
 
 
-@tools.tool(ToolClass.REVERSIBLE_WRITE, compensation=release_it, retry=QUICK)
+def look_for_receipt(key: str, args: dict[str, Any]) -> dict[str, Any] | None:
+    receipt_id = ledger.find_receipt(key)
+    return None if receipt_id is None else {"receipt_id": receipt_id}
+
+
+@tools.tool(
+    ToolClass.REVERSIBLE_WRITE,
+    compensation=release_it,
+    retry=QUICK,
+    lookup=look_for_reservation,
+    verify=_by_key(ledger.reservation_live),
+)
 def reserve_stock(ctx: StepContext, sku: str, quantity: int) -> dict[str, Any]:
     """Hold ``quantity`` of ``sku`` for this order."""
     return {"reservation_id": ledger.reserve(sku, quantity, ctx.idempotency_key)}
@@ -42,7 +65,11 @@ def release_stock(reservation_id: str) -> None:
 
 
 @tools.tool(
-    ToolClass.COMPENSATABLE_WRITE, compensation=refund_it, retry=QUICK, lookup=look_for_charge
+    ToolClass.COMPENSATABLE_WRITE,
+    compensation=refund_it,
+    retry=QUICK,
+    lookup=look_for_charge,
+    verify=_by_key(ledger.charge_live),
 )
 def charge_card(ctx: StepContext, order_id: str, amount_cents: int) -> dict[str, Any]:
     """Charge the customer's card for the order."""
@@ -54,7 +81,12 @@ def refund_charge(charge_id: str) -> None:
     ledger.refund(charge_id)
 
 
-@tools.tool(ToolClass.IRREVERSIBLE_WRITE, retry=QUICK)
+@tools.tool(
+    ToolClass.IRREVERSIBLE_WRITE,
+    retry=QUICK,
+    lookup=look_for_receipt,
+    verify=_by_key(ledger.receipt_sent),
+)
 def send_receipt(ctx: StepContext, order_id: str, email: str) -> dict[str, Any]:
     """Email the receipt: it cannot be taken back, so it comes last."""
     return {"receipt_id": ledger.send_receipt(order_id, email, ctx.idempotency_key)}

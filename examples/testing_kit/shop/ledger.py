@@ -48,12 +48,42 @@ def find_charge(key: str) -> str | None:
     return charge_id if _db().hexists("shop:charge", charge_id) else None
 
 
+def find_reservation(key: str) -> str | None:
+    """The reservation made under ``key``, if the stock system has one."""
+    reservation_id = f"reservation-{key}"
+    return reservation_id if _db().hexists("shop:reservation", reservation_id) else None
+
+
 def refund(charge_id: str) -> None:
     _db().sadd("shop:refunded", charge_id)
 
 
 def send_receipt(order_id: str, email: str, key: str) -> str:
     return _apply("receipt", key, f"{order_id}:{email}")
+
+
+def find_receipt(key: str) -> str | None:
+    """The receipt sent under ``key``, if the mail system sent one."""
+    receipt_id = f"receipt-{key}"
+    return receipt_id if _db().hexists("shop:receipt", receipt_id) else None
+
+
+# -- what the drill asks (``verify``: how many times the effect under a key is live) -----------
+
+
+def reservation_live(key: str) -> int:
+    reservation_id = f"reservation-{key}"
+    held = _db().hexists("shop:reservation", reservation_id)
+    return int(held and not released(reservation_id))
+
+
+def charge_live(key: str) -> int:
+    charge_id = f"charge-{key}"
+    return int(_db().hexists("shop:charge", charge_id) and not refunded(charge_id))
+
+
+def receipt_sent(key: str) -> int:
+    return int(_db().hexists("shop:receipt", f"receipt-{key}"))
 
 
 # -- what the tests look at --------------------------------------------------------------------
