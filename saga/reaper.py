@@ -170,18 +170,21 @@ def _reap_one(core: Core, run_id: str, due: float, now: float, report: ReapRepor
         else:
             core.store.schedule(run_id, (head.ended or now) + core.store.retention_seconds + 60)
         return
-    if head.state is RunState.UNWINDING and _awaits_a_person(core, run_id, now, report):
+    # An unwinding run is read whole once per pass: for a question to a person, for steps in
+    # doubt, and (past its deadline) to be resolved.
+    unwinding = core.picture(run_id) if head.state is RunState.UNWINDING else None
+    if unwinding is not None and _awaits_a_person(core, unwinding, now, report):
         return
     if now - head.updated < head.deadline:
         next_look = head.updated + head.deadline
-        if head.state is RunState.UNWINDING:  # a step in doubt may wait for its lease only
-            waiting = _reconcile_doubts(core, core.picture(run_id), now, report)
+        if unwinding is not None:  # a step in doubt may wait for its lease only
+            waiting = _reconcile_doubts(core, unwinding, now, report)
             if waiting is None:
                 return
             next_look = min([next_look, *waiting])
         core.store.schedule(run_id, next_look)
         return
-    picture = core.picture(run_id)
+    picture = unwinding or core.picture(run_id)
     if _behind_records(core, run_id, picture, now, report):
         return
     _resolve(core, picture, now, report)
@@ -189,14 +192,15 @@ def _reap_one(core: Core, run_id: str, due: float, now: float, report: ReapRepor
     core.store.schedule(run_id, now + max(picture.deadline, 1.0))
 
 
-def _awaits_a_person(core: Core, run_id: str, now: float, report: ReapReport) -> bool:
+def _awaits_a_person(core: Core, picture: RunPicture, now: float, report: ReapReport) -> bool:
     """Whether the unwind waits for a person's answer about an undo (its tool's reversal
     policy asked): not stalled, so it is not taken over; looked at again when the question
     expires. An expired one fails ("a person was asked and did not answer") and the unwind
     goes on with the older undos under a new owner, to end escalated."""
-    asked = [c for c in core.picture(run_id).compensations if c.state is CompensationState.ASKED]
+    asked = [c for c in picture.compensations if c.state is CompensationState.ASKED]
     if not asked:
         return False
+    run_id = picture.run_id
     for undo in asked:
         if undo.ask_expires is not None and undo.ask_expires > now:
             continue
