@@ -333,6 +333,12 @@ class Core(Dispatcher):
         picture = picture or self.picture(run_id)
         if not picture.state.ended:
             return None
+        if picture.reason == rules.REASON_KEPT and picture.resolution is None:
+            # Kept on purpose, yet not resolved: the worker that concluded it died (or lost the
+            # store) between the conclusion and its resolution. Whoever records it resolves it
+            # first: a person's decision never comes back as an open escalation.
+            self._resolve_as_kept(picture)
+            picture = self.picture(run_id)
         # The end may have been read from a master no replica confirmed it from yet (another
         # process's conclusion, standing there only): recorded in SQL and then lost with a
         # failover, SQL would tell of an end Redis never reached. Unconfirmed in time, it is

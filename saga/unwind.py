@@ -36,10 +36,15 @@ def unwind_chain(
     pushed, or its tool gone from this deploy) is recorded as a failed compensation here, so
     the conclusion escalates naming it instead of the chain failing on an unknown task."""
     run_id = picture.run_id
+    # An undo waiting for a person's answer keeps its place: its message finds the question
+    # and stops the chain there (``saga.compensation``), so the older undos never run before
+    # the answer, whoever sends the unwind (a reaper that read the run just before the undo
+    # asked takes the unwind over, and must not send the older undos past the question).
     to_run = {
         c.step
         for c in picture.compensations
-        if c.state in (CompensationState.PENDING, CompensationState.RUNNING)
+        if c.state
+        in (CompensationState.PENDING, CompensationState.RUNNING, CompensationState.ASKED)
     }
     signatures = []
     # Unique per unwind: a revoked id would be discarded forever on requeue.

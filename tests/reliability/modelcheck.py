@@ -23,6 +23,18 @@ How it is driven:
   attempt; the invariants are checked against that ledger and against what Redis and SQL say,
   never against the engine's internal fields.
 
+A person asked about a reversal: two tools declare a reversal policy (``book_courier``
+always asks, ``refund_fee`` asks when a predicate of its arguments and result says the fee is
+costly), so an unwind stops at their undo until a person answers. Rules: a person ``answer``s
+a waiting question (reverse, keep with a note, later) with the hash they were shown, another
+undo's or none, the store's reply sometimes lost (they answer again); ``answer_again`` (an
+answered question, answered once more); ``questions_expire`` (the clock passes every
+question's deadline, and a reaper pass, paused or not, expires them); the worker whose undo
+asks blocks right after the ask is written (killed there, or revoked, the message comes back);
+faults: the reply of the begin that asks, or of an answer taken (a person's or the reaper's
+expiry), is lost; the worker that writes a run's conclusion dies right after it (the
+library's ``after_conclusion`` fault point).
+
 Every touch-point on the library sits in the adapter section right below (``Engine`` and
 ``build_registry``): the rest of the file reasons about the world, the broker and the two
 pictures (Redis state, SQL records) only.
@@ -36,7 +48,9 @@ hide the others. ``--stop-first`` stops at the first; ``--only SYMPTOM[+FAULT,..
 only that violation (to measure how many examples one defect needs). Its last line is
 ``modelcheck: N examples, V violations`` (N: examples generated, shrinking replays not
 counted; V: distinct violations found); the exit status is 1 when V > 0. ``--jobs J`` runs J
-copies side by side (seeds ``S*100+j``, each its share of the examples) and sums them.
+copies side by side (seeds ``S*100+j``, each its share of the examples) and sums them. Each
+process starts a private redis-server of its own, unless ``SAGA_MODELCHECK_REDIS_URL`` names
+one already running (private to the check: its DB 0 is flushed before every example; one job).
 
 Symptoms (each an exception class ``Violation_<symptom>``): ``stuck-<state>``,
 ``stalled-without-reaper`` (an unwind only the reaper could end although no message of the run
@@ -47,6 +61,15 @@ was lost), ``sql-disagrees``, ``unrecorded`` (an ended run whose keys never say 
 ``undo-order``, ``one-call-applied-twice``, ``concurrent-{forward,undo}-{same-task,
 distinct-tasks}``, ``requeue-did-not-compensate`` / ``requeue-ran-no-undo`` (a requeue with
 the compensations healthy must compensate), ``exception:<entry point>:<type>`` and ``hang``.
+About a person's answers: ``undo-below-asked`` (an older undo ran while a newer one waited
+for an answer), ``wrong-hash-taken`` / ``second-answer-taken`` / ``answer-refused`` (an
+answer with a stale or no hash, or a second answer, taken; the right one refused),
+``refused-answer-changed-run``, ``{reverse,keep}-not-taken`` and ``later-not-asked-again``
+(right after an answer); at the end: ``kept-not-resolved`` (a run ended kept on purpose with
+its escalation open), ``kept-not-listed``, ``kept-silently`` (kept with no person's keep),
+``kept-but-undone``, ``keep-not-kept`` / ``reverse-not-reversed``, ``done-but-live``,
+``unanswered-not-escalated`` (an expired question not named by an open escalation),
+``sql-disagrees-undo`` (an undo's state or answers differ between Redis and SQL).
 """
 
 from __future__ import annotations
@@ -103,6 +126,8 @@ from saga import (
     Undo,
 )
 from saga.constants import CONCLUDE_UNWIND_TASK, TOOL_TASK_PREFIX
+from saga.errors import OperationRefusedError, UnknownRunError
+from saga.rules import REASON_KEPT
 from saga.testing import RedisServer
 
 try:
@@ -152,8 +177,22 @@ AGENT_CALLS: dict[str, dict[str, Any]] = {
     "read_order": {"order_id": 7},  # class 1
     "send_mail": {"to": "a@example.com"},  # class 5
 }
+#: The calls whose undo may ask a person first (a tool's ``reversal`` policy): tool name ->
+#: arguments. Apart from ``AGENT_CALLS`` so the hosted check's agent is not offered them.
+ASKING_CALLS: dict[str, dict[str, Any]] = {
+    "book_courier": {"parcel": "p-1"},  # class 3, compensation cancel_courier, reversal="ask"
+    "refund_fee": {"cents": 40},  # class 4, lookup, reversal: a predicate (a costly fee asks)
+}
+CALLS: dict[str, dict[str, Any]] = {**AGENT_CALLS, **ASKING_CALLS}
 #: Attempts of every tool (forward and compensation), so retries stay short.
 ATTEMPTS = 2
+#: How long a person has to answer a question about a reversal (``reversal_ask_seconds``), and
+#: how long "later" puts it off: past the task time limit (a reaper pass at ``past_time_limit``
+#: leaves a question alone), within ``far_future`` (a pass then expires every question).
+REVERSAL_ASK_SECONDS = 7200
+#: A refunded fee above this many cents asks a person before it is reversed (``refund_fee``'s
+#: result is its cents times the step number plus one: steps 0 and 1 do not ask, later ones do).
+COSTLY_FEE = 100
 
 
 @dataclass(frozen=True)
@@ -186,6 +225,26 @@ class EscalationView:
     live_steps: frozenset[int]
     failed_steps: frozenset[int]
     reason: str
+    resolved: bool = False
+    #: The live steps the row says a person kept on purpose.
+    kept_steps: frozenset[int] = frozenset()
+    #: (step, error type) of each failed compensation it lists ("NotAnswered": nobody answered).
+    failed_errors: frozenset[tuple[int, str]] = frozenset()
+
+
+@dataclass(frozen=True)
+class UndoView:
+    """One compensation as Redis (or its SQL record) holds it."""
+
+    state: str
+    #: Each answer about reversing it, oldest first: (decision, by).
+    decisions: tuple[tuple[str, str], ...]
+    error_type: str
+    #: While asked: the hash an answer must carry.
+    ask_hash: str = ""
+    ask_expires: float | None = None
+    #: Its tool's reversal policy asks, and no person has said "reverse" yet.
+    would_ask: bool = False
 
 
 class EngineHooks(Protocol):
@@ -202,6 +261,13 @@ class EngineHooks(Protocol):
 
     def records_down(self, run_id: str) -> bool:
         """True while the records database is unreachable (``run_id``: whose record)."""
+
+    def after_script(self, script: str, run_id: str, status: str) -> bool:
+        """A store script has run and answered ``status``: True to lose its reply now (the
+        caller sees the store away); a worker may also die here (``WorkerCrash``)."""
+
+    def strike(self, point: str) -> None:
+        """A fault point of the library (``saga.fault_points``): a worker may die here."""
 
 
 class WorldTools(Protocol):
@@ -268,6 +334,41 @@ def build_registry(world: WorldTools) -> ToolRegistry:
         result = {"sent_to": to}
         return world.forward(ctx.run_id, ctx.step, ctx.idempotency_key, "send_mail", 5, result)
 
+    # The tools whose undo asks a person first (``ASKING_CALLS``).
+    @tools.tool(
+        ToolClass.REVERSIBLE_WRITE,
+        compensation=lambda args, result: Undo(
+            "cancel_courier", {"booking_id": result["booking_id"]}
+        ),
+        retry=retry,
+        reversal="ask",
+    )
+    def book_courier(ctx: StepContext, parcel: str) -> dict[str, Any]:
+        result = {"booking_id": ctx.idempotency_key, "parcel": parcel}
+        return world.forward(ctx.run_id, ctx.step, ctx.idempotency_key, "book_courier", 3, result)
+
+    @tools.compensation(retry=retry)
+    def cancel_courier(ctx: StepContext, booking_id: str) -> dict[str, Any]:
+        return world.undo(ctx.run_id, ctx.step, ctx.idempotency_key, "cancel_courier", booking_id)
+
+    def costly(args: dict[str, Any], result: Any) -> bool:
+        return int(args["cents"]) > 0 and int(result["cents"]) > COSTLY_FEE
+
+    @tools.tool(
+        ToolClass.COMPENSATABLE_WRITE,
+        compensation=lambda args, result: Undo("restore_fee", {"fee_id": result["fee_id"]}),
+        lookup=lookup,
+        retry=retry,
+        reversal=costly,
+    )
+    def refund_fee(ctx: StepContext, cents: int) -> dict[str, Any]:
+        result = {"fee_id": ctx.idempotency_key, "cents": cents * (ctx.step + 1)}
+        return world.forward(ctx.run_id, ctx.step, ctx.idempotency_key, "refund_fee", 4, result)
+
+    @tools.compensation(retry=retry)
+    def restore_fee(ctx: StepContext, fee_id: str) -> dict[str, Any]:
+        return world.undo(ctx.run_id, ctx.step, ctx.idempotency_key, "restore_fee", fee_id)
+
     return tools
 
 
@@ -288,6 +389,26 @@ def is_records_outage(exc: BaseException) -> bool:
 def final_tool_error(message: str) -> Exception:
     """What a tool raises to fail at once, without retries."""
     return NonRetryableToolError(message)
+
+
+def answer_refused(exc: BaseException) -> bool:
+    """The library refused a person's answer about a reversal (and changed nothing)."""
+    return isinstance(exc, OperationRefusedError | UnknownRunError)
+
+
+def kept_on_purpose(reason: str) -> bool:
+    """A run's reason when every undo not done was kept on purpose by a person."""
+    return reason == REASON_KEPT
+
+
+class Strikes:
+    """``saga.faults`` for the model: each fault point the library reaches asks the model."""
+
+    def __init__(self, hooks: EngineHooks) -> None:
+        self.hooks = hooks
+
+    def strike(self, point: str, name: str) -> None:
+        self.hooks.strike(point)
 
 
 class Engine:
@@ -317,9 +438,13 @@ class Engine:
             "run_deadline_seconds": RUN_DEADLINE,
             "store_outage_patience": OUTAGE_PATIENCE,
             "max_redeliveries": MAX_REDELIVERIES,
+            "reversal_ask_seconds": REVERSAL_ASK_SECONDS,
         }
         settings_ = Settings(**{**options, **self.settings_overrides()})
         self.saga = Saga(app, build_registry(world), settings_)
+        # The library's fault points (``saga.fault_points``) ask the model (a sibling check
+        # may put its own in place).
+        self.saga.faults = Strikes(hooks)  # type: ignore[assignment]
         #: What the worker's functions take: the run transitions (on older code, the ``Saga``).
         self.core: Any = getattr(self.saga, "core", self.saga)
         app.send_task = self._send_task  # type: ignore[method-assign]
@@ -376,7 +501,10 @@ class Engine:
         if self.hooks.lose_reply(script, run_id):
             self._real_call(script, run_id, *args, step=step, extra=extra)
             raise StoreUnavailableError(f"saga store unreachable ({script}): the reply was lost")
-        return self._real_call(script, run_id, *args, step=step, extra=extra)
+        outcome = self._real_call(script, run_id, *args, step=step, extra=extra)
+        if self.hooks.after_script(script, run_id, str(getattr(outcome, "status", ""))):
+            raise StoreUnavailableError(f"saga store unreachable ({script}): the reply was lost")
+        return outcome
 
     def _complete(self, run_id: str) -> Any:
         """The conclude script and the read after it are one round trip: its reply may be
@@ -417,7 +545,12 @@ class Engine:
         return self.saga.start_run(f"{label}-{uuid.uuid4().hex[:10]}").run_id
 
     def dispatch(self, run_id: str, tool: str) -> None:
-        self.saga.dispatch(run_id, tool, dict(AGENT_CALLS[tool]))
+        self.saga.dispatch(run_id, tool, dict(CALLS[tool]))
+
+    def decide(self, run_id: str, step: int, decision: str, shown: str, note: str) -> None:
+        """A person's answer about reversing step ``step`` (``Saga.decide_reversal``), with the
+        hash of the undo they were shown."""
+        self.saga.decide_reversal(run_id, step, decision, args_hash=shown, by="model", note=note)
 
     def abort(self, run_id: str) -> None:
         self.saga.abort(run_id, "the agent gave up")
@@ -492,14 +625,27 @@ class Engine:
                     if field.endswith(":lease"):
                         client.hset(key, field, "0")
 
+    def _all_questions_expired(self) -> None:
+        """The Redis clock moved past every question's deadline (``reversal_ask_seconds``, or
+        the one "later" set): the decide script compares it with its own clock."""
+        client = self.saga.store.client
+        for key in client.scan_iter(match="saga:*:comps"):
+            for name in client.hkeys(key):
+                if name.endswith(":ask_expires"):
+                    client.hset(key, name, "0")
+
     def reap(self, now: float) -> dict[str, list[str]]:
         """One reaper pass at clock ``now``; what it did, per run. A clock past the task time
         limit is past every delivery's lease too (the leases live on the Redis clock, which the
         model cannot move: it expires them instead)."""
         if now - time.time() >= TASK_TIME_LIMIT:
             self._all_leases_ran_out()
+        if now - time.time() >= REVERSAL_ASK_SECONDS:
+            self._all_questions_expired()
         report = self.saga.reap(now=now)
         done: dict[str, list[str]] = {}
+        for run_id, _step in getattr(report, "unanswered", ()):
+            done.setdefault(run_id, []).append("reaper-unanswered")
         for run_id in report.abandoned:
             done.setdefault(run_id, []).append("reaper-abandoned")
         for run_id, _step in report.never_started:
@@ -544,14 +690,96 @@ class Engine:
         return None if record is None else str(record.state)
 
     def open_escalations(self, run_id: str) -> list[EscalationView]:
+        return self.escalations(run_id, open_only=True)
+
+    def escalations(self, run_id: str, open_only: bool = False) -> list[EscalationView]:
+        """The run's escalation rows, oldest first."""
         return [
             EscalationView(
                 live_steps=frozenset(int(item["step"]) for item in row.not_undone),
                 failed_steps=frozenset(int(item["step"]) for item in row.failed_compensations),
                 reason=str(row.reason),
+                resolved=bool(row.resolved),
+                kept_steps=frozenset(
+                    int(item["step"])
+                    for item in row.not_undone
+                    if str(item.get("why", "")).startswith("kept on purpose")
+                ),
+                failed_errors=frozenset(
+                    (int(item["step"]), str((item.get("error") or {}).get("type", "")))
+                    for item in row.failed_compensations
+                ),
             )
-            for row in self._read_escalations(run_id, open_only=True)
+            for row in self._read_escalations(run_id, open_only=open_only)
         ]
+
+    def redis_reason(self, run_id: str) -> str:
+        picture = self._real_picture(run_id)
+        return "" if picture is None else str(picture.reason)
+
+    @staticmethod
+    def _undo_view(c: Any) -> UndoView:
+        decisions = tuple(
+            (str(d.get("decision", "")), str(d.get("by", ""))) for d in c.decisions or []
+        )
+        entry = c.entry if isinstance(c.entry, dict) else {}
+        approved = any(d == "reverse" for d, _ in decisions)
+        return UndoView(
+            state=str(getattr(c.state, "value", c.state)),
+            decisions=decisions,
+            error_type=str((c.error or {}).get("type", "")),
+            ask_hash=str(getattr(c, "ask_hash", "") or ""),
+            ask_expires=getattr(c, "ask_expires", None),
+            would_ask=bool(entry.get("ask")) and not approved,
+        )
+
+    def undos(self, run_id: str) -> dict[int, UndoView]:
+        """The run's compensations in Redis, by step."""
+        picture = self._real_picture(run_id)
+        if picture is None:
+            return {}
+        return {c.step: self._undo_view(c) for c in picture.compensations}
+
+    def sql_undos(self, run_id: str) -> dict[int, UndoView]:
+        """The run's compensations in its SQL record, by step."""
+        return {
+            c.step: UndoView(
+                state=str(c.state),
+                decisions=tuple(
+                    (str(d.get("decision", "")), str(d.get("by", ""))) for d in c.decisions or []
+                ),
+                error_type=str((c.error or {}).get("type", "")),
+            )
+            for c in self.saga.records.compensations(run_id)
+        }
+
+    def asked_steps(self, run_id: str) -> set[int]:
+        """The steps whose undo waits for a person's answer, read straight from Redis (a
+        worker thread asks this while its undo runs)."""
+        from saga.constants import run_keys
+
+        fields = self.saga.store.client.hgetall(run_keys(run_id)[4])
+        return {
+            int(name.split(":", 1)[0])
+            for name, value in fields.items()
+            if name.endswith(":state") and value == "asked"
+        }
+
+    def snapshot(self, run_id: str) -> tuple[Any, ...]:
+        """Everything the run's keys hold (what a refused answer must leave as it was)."""
+        from saga.constants import run_keys
+
+        client = self.saga.store.client
+        held: list[Any] = []
+        for key in run_keys(run_id):
+            kind = client.type(key)
+            if kind == "hash":
+                held.append(sorted(client.hgetall(key).items()))
+            elif kind == "list":
+                held.append(client.lrange(key, 0, -1))
+            else:
+                held.append(kind)
+        return tuple(map(str, held))
 
     def close(self) -> None:
         self.saga.store.client.close()
@@ -638,6 +866,9 @@ class World:
         #: Calls of an undo tool per run (failed, crashed or applied).
         self.undo_calls: dict[str, int] = {}
         self.seq = 0
+        #: The steps of a run whose undo waits for a person's answer (Redis, read as an undo
+        #: begins): set by the state machine.
+        self.asked_probe: Callable[[str], set[int]] | None = None
 
     def _next(self) -> int:
         self.seq += 1
@@ -669,6 +900,19 @@ class World:
         delivery = current_delivery()
         with self.lock:
             self.undo_calls[run_id] = self.undo_calls.get(run_id, 0) + 1
+        asked = sorted(
+            s for s in (self.asked_probe(run_id) if self.asked_probe else ()) if s > step
+        )
+        if asked:
+            with self.lock:
+                self.findings.append(
+                    Finding(
+                        "undo-below-asked",
+                        run_id,
+                        f"{tool} undoes step {step} while a person is still asked about the "
+                        f"undo of newer step(s) {asked}",
+                    )
+                )
         self._enter(key, run_id, delivery, "undo")
         try:
             command = delivery.gate() if delivery is not None else Command.PROCEED
@@ -889,10 +1133,13 @@ class Delivery:
         self.terminated = False
         self.effect_allowed = True
         self.thread: threading.Thread | None = None
+        #: Where it blocks: in the tool, or at a point of the library (after an ask).
+        self.where = "in the tool"
 
-    def gate(self) -> Command:
-        """Called by the tool: wait for the model's command."""
+    def gate(self, where: str = "in the tool") -> Command:
+        """Called by the tool (or at a point of the library): wait for the model's command."""
         with self.cond:
+            self.where = where
             self.phase = "blocked"
             self.cond.notify_all()
             if not self.cond.wait_for(lambda: self.command is not None, WAIT_SECONDS):
@@ -1079,6 +1326,13 @@ class Switchboard:
     def records_down(self, run_id: str) -> bool:
         return self.machine is not None and self.machine.hook_records_down(run_id)
 
+    def after_script(self, script: str, run_id: str, status: str) -> bool:
+        return self.machine is not None and self.machine.hook_after_script(script, run_id, status)
+
+    def strike(self, point: str) -> None:
+        if self.machine is not None:
+            self.machine.hook_strike(point)
+
     def __getattr__(self, name: str) -> Any:
         """A sibling check's own hooks (``hook_<name>``) go to its machine as they are."""
         if not name.startswith("hook_") or self.machine is None:
@@ -1102,6 +1356,19 @@ class Resources:
 
 
 _RESOURCES: Resources | None = None
+#: A Redis to use instead of starting one (its DB 0 is flushed before every example: a
+#: private server only, one job at a time on it).
+REDIS_URL_ENV = "SAGA_MODELCHECK_REDIS_URL"
+
+
+class GivenRedis:
+    """A redis-server someone else started and stops (``SAGA_MODELCHECK_REDIS_URL``)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def stop(self) -> None:
+        """Not ours to stop."""
 
 
 def resources(engine_class: type[Engine] | None = None) -> Resources:
@@ -1113,7 +1380,12 @@ def resources(engine_class: type[Engine] | None = None) -> Resources:
         stop_resources()
     if _RESOURCES is None:
         directory = Path(tempfile.mkdtemp(prefix="saga-modelcheck-"))
-        server = RedisServer("--appendonly", "no", directory=directory / "redis").start()
+        given = os.environ.get(REDIS_URL_ENV, "")
+        server: Any = (
+            GivenRedis(given)
+            if given
+            else RedisServer("--appendonly", "no", directory=directory / "redis").start()
+        )
         try:
             engine = engine_class(
                 server.url, f"sqlite:///{directory}/records.db", WORLD, SWITCHBOARD
@@ -1177,7 +1449,12 @@ LOSSES = ("revoke", "publish-refused", "conclude-given-up", "lost-reply-client",
 #: after one of these on a run, a requeue of that run may end escalated again.
 SPOILERS = ("crash", "revoke", "tool-fail", "duplicate", "ack-lost", "lost-reply")
 PICK = st.integers(0, 3)
-TOOLS = st.sampled_from(list(AGENT_CALLS))
+TOOLS = st.sampled_from(list(CALLS))
+#: The reaper's clock when nobody answered in time: past every question's deadline.
+PAST_ASK_DEADLINE = REVERSAL_ASK_SECONDS + 60.0
+#: More undos than this asking in one example's runs: beyond what the end of an example waits
+#: out (each question is expired by a reaper pass of its own).
+QUESTIONS_AT_MOST = 40
 
 
 def step(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -1239,6 +1516,20 @@ class ModelCheck(RuleBasedStateMachine):
         #: Runs requeued with their compensations healthy: (undo calls, events, fault epoch)
         #: at the requeue.
         self.requeue_expected: dict[str, tuple[int, int, int]] = {}
+        # A person asked about a reversal.
+        #: (run, step) -> (decision, hash shown) of each answer "reverse" or "keep" taken: a
+        #: second answer must be refused.
+        self.decided: dict[tuple[str, int], tuple[str, str]] = {}
+        #: Every hash a person was shown (a stale one is another undo's).
+        self.shown: list[str] = []
+        #: "script" or "script:status": the next reply of that script (with that answer) is
+        #: lost, whoever called it.
+        self.lose_after = ""
+        #: The library's fault point at which the next worker to reach it dies.
+        self.armed_strike = ""
+        #: The conclusion message being delivered (a worker dies in it at a fault point).
+        self.concluding: Message | None = None
+        WORLD.asked_probe = self.engine.asked_steps
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -1348,6 +1639,34 @@ class ModelCheck(RuleBasedStateMachine):
             self.touch(run_id, "db-refused")
         return self.db_down
 
+    def hook_after_script(self, script: str, run_id: str, status: str) -> bool:
+        """A reply lost once the script answered (``lose_after``); a worker whose undo asks a
+        person blocks right after the ask is written, before anything else (the model may kill
+        it there: the message comes back)."""
+        if self.lose_after in (script, f"{script}:{status}"):
+            self.lose_after = ""
+            side = "worker" if current_delivery() is not None else "client"
+            self.touch(run_id, f"lost-reply-{side}:{script}")
+            return True
+        delivery = current_delivery()
+        if delivery is not None and script == "begin_compensation" and status in ("ask", "asked"):
+            command = delivery.gate(f"after the ask ({status})")
+            if command in (Command.CRASH_BEFORE, Command.CRASH_AFTER):
+                raise WorkerCrash(f"killed right after begin_compensation answered {status}")
+        return False
+
+    def hook_strike(self, point: str) -> None:
+        """A worker (a delivery, or the conclusion's) reaching the armed fault point dies."""
+        if not self.armed_strike or point != self.armed_strike:
+            return
+        delivery = current_delivery()
+        message = delivery.message if delivery is not None else self.concluding
+        if message is None:
+            return  # not a worker (an operator's call, the reaper): not this fault
+        self.armed_strike = ""
+        self.touch(message.info.run_id, f"crash-{point.replace('_', '-')}")
+        raise WorkerCrash(f"killed at {point}")
+
     # -- deliveries ---------------------------------------------------------------------------
 
     def start(self, message: Message) -> Delivery | None:
@@ -1386,6 +1705,8 @@ class ModelCheck(RuleBasedStateMachine):
             self.finish(delivery)
             return None
         self.deliveries.append(delivery)
+        if delivery.where != "in the tool":
+            blocked = f"blocked {delivery.where}"
         self.say(f"{message.label()} delivered: {blocked} (d{delivery.number})")
         return delivery
 
@@ -1457,9 +1778,13 @@ class ModelCheck(RuleBasedStateMachine):
     def conclude(self, message: Message) -> None:
         """``saga.conclude_unwind``: any error retries it, up to Celery's max_retries."""
         run_id = message.info.run_id
+        self.concluding = message
         try:
             self.engine.conclude(message.published.kwargs)
             self.say(f"{message.label()} concluded: {self.engine.redis_state(run_id)}")
+        except WorkerCrash:
+            self.say(f"{message.label()} killed: the message comes back")
+            self.unacked.append(message)
         except Exception as exc:
             if not is_documented(exc) and not is_records_outage(exc):
                 self.unexpected("conclude", run_id, exc)
@@ -1469,6 +1794,8 @@ class ModelCheck(RuleBasedStateMachine):
             else:
                 self.say(f"{message.label()} given up: {type(exc).__name__}")
                 self.touch(run_id, "conclude-given-up")
+        finally:
+            self.concluding = None
 
     def deliver_fully(self, message: Message) -> None:
         delivery = self.start(message)
@@ -1704,8 +2031,12 @@ class ModelCheck(RuleBasedStateMachine):
         """A reaper pass that pauses right after it read the run (it acts on that read once
         ``resume_reaper`` lets it go on)."""
         self.time_limit_passes(CLOCKS[clock])
-        reaper = ReaperPass(self.run_id(run), time.time() + CLOCKS[clock])
-        reaper.offset = CLOCKS[clock]
+        self.pause_reaper(self.run_id(run), CLOCKS[clock])
+
+    def pause_reaper(self, run_id: str, offset: float) -> None:
+        """Start a reaper pass ``offset`` seconds ahead that pauses after reading ``run_id``."""
+        reaper = ReaperPass(run_id, time.time() + offset)
+        reaper.offset = offset
 
         def work() -> None:
             _LOCAL.reaper = reaper
@@ -1727,6 +2058,19 @@ class ModelCheck(RuleBasedStateMachine):
         self.reaper = reaper
         self.reaper_steps = 0
         self.say(f"reaper paused after reading {reaper.run_id.split('-')[0]}")
+
+    @precondition(lambda self: self.reaper is None and bool(self.ready))
+    @rule(pick=PICK, clock=st.sampled_from(["past_deadline", "far_future"]))
+    @step
+    def reaper_races_delivery(self, pick: int, clock: str) -> None:
+        """A reaper pass reads a run, and before it acts on what it read a worker begins a
+        queued message of that run (it blocks in the tool, or right after its undo asked a
+        person); ``resume_reaper`` lets the pass go on."""
+        with self.broker_lock:
+            message = self.ready.pop(pick % len(self.ready))
+        self.time_limit_passes(CLOCKS[clock])
+        self.pause_reaper(message.info.run_id, CLOCKS[clock])
+        self.start(message)
 
     @precondition(lambda self: self.reaper is not None)
     @rule()
@@ -1765,7 +2109,15 @@ class ModelCheck(RuleBasedStateMachine):
         run_id = escalated[run % len(escalated)]
         if fix:
             WORLD.undo_failures = 0
-        healthy = WORLD.undo_failures < ATTEMPTS and not self.engine.doubt_unresolved(run_id)
+        # An undo whose tool asks a person (and no person said reverse) asks again: the run
+        # then waits for an answer, not for the requeued undos alone.
+        asks = any(
+            u.would_ask and u.state in ("failed", "pending")
+            for u in self.engine.undos(run_id).values()
+        )
+        healthy = (
+            WORLD.undo_failures < ATTEMPTS and not self.engine.doubt_unresolved(run_id) and not asks
+        )
         self.touch(run_id, "requeue")
         self.requeue_expected.pop(run_id, None)
         mark = (WORLD.undo_calls.get(run_id, 0), self.events.get(run_id, 0), self.undo_fault_epoch)
@@ -1778,6 +2130,156 @@ class ModelCheck(RuleBasedStateMachine):
         if healthy:
             self.requeue_expected[run_id] = mark
         self.say(f"requeued {count} compensation(s); expected to compensate: {healthy}")
+
+    # -- rules: a person asked about a reversal --------------------------------------------------
+
+    def questions(self) -> list[tuple[str, int, str]]:
+        """(run, step, hash) of each undo waiting for a person's answer in an unwinding run."""
+        found = []
+        for run_id in self.runs:
+            if self.engine.redis_state(run_id) != "unwinding":
+                continue
+            for step_, undo in sorted(self.engine.undos(run_id).items()):
+                if undo.state == "asked":
+                    found.append((run_id, step_, undo.ask_hash))
+        return found
+
+    def decide(self, run_id: str, step_: int, decision: str, shown: str) -> str:
+        """A person's answer: ``taken``, ``refused`` or ``lost`` (the store's reply was lost:
+        the person saw an error)."""
+        note = "model: kept on purpose" if decision == "keep" else ""
+        try:
+            self.engine.decide(run_id, step_, decision, shown, note)
+            return "taken"
+        except Exception as exc:
+            self.say(f"decide {decision}: {type(exc).__name__}: {first_line(exc)}")
+            if answer_refused(exc):
+                return "refused"
+            if isinstance(exc, StoreUnavailableError):
+                return "lost"
+            self.unexpected("decide_reversal", run_id, exc)
+            return "refused"
+
+    @precondition(lambda self: bool(self.questions()))
+    @rule(
+        pick=PICK,
+        decision=st.sampled_from(["reverse", "keep", "later"]),
+        shown=st.sampled_from(["right", "right", "stale", "none"]),
+        reply=st.sampled_from(["ok", "ok", "lost"]),
+    )
+    @step
+    def answer(self, pick: int, decision: str, shown: str, reply: str) -> None:
+        """A person answers a waiting question: ``reverse`` now, ``keep`` the effect (with a
+        note) or decide ``later``, with the hash of the undo they were shown (``right``),
+        another undo's (``stale``) or none: those must be refused, changing nothing. ``lost``:
+        the store's reply is lost (the answer may have been taken); the person tries again."""
+        questions = self.questions()
+        run_id, step_, right = questions[pick % len(questions)]
+        stale = next((h for h in self.shown if h != right), "0" * 40)
+        given = {"right": right, "stale": stale, "none": ""}[shown]
+        self.shown.append(right)
+        self.events[run_id] = self.events.get(run_id, 0) + 1
+        self.touch(run_id, f"answer-{decision}" + ("" if shown == "right" else f"-{shown}"))
+        before = self.engine.snapshot(run_id)
+        expires = self.engine.undos(run_id)[step_].ask_expires or 0.0
+        armed = self.lose_after
+        if reply == "lost":
+            self.lose_after = "decide_reversal"
+        said = self.decide(run_id, step_, decision, given)
+        if reply == "lost":
+            self.lose_after = armed  # a fault armed before stays armed
+        self.say(f"{decision} step {step_} ({shown} hash): {said}")
+        if shown != "right":
+            if said == "taken":
+                self.violation(
+                    "wrong-hash-taken", run_id, f"{decision} with a {shown} hash was taken"
+                )
+            if self.engine.snapshot(run_id) != before:
+                self.violation(
+                    "refused-answer-changed-run",
+                    run_id,
+                    f"{decision} with a {shown} hash was refused, yet the run's keys changed",
+                )
+            return
+        if said == "refused":
+            self.violation(
+                "answer-refused", run_id, f"{decision} of a waiting question (right hash) refused"
+            )
+        if said == "lost":  # the person sees an error and answers again
+            again = self.engine.snapshot(run_id)
+            retried = self.decide(run_id, step_, decision, right)
+            self.say(f"{decision} step {step_} again: {retried}")
+            if decision != "later" and retried == "taken":
+                self.violation(
+                    "second-answer-taken", run_id, f"{decision} repeated after a lost reply"
+                )
+            if retried != "taken" and self.engine.snapshot(run_id) != again:
+                self.violation(
+                    "refused-answer-changed-run", run_id, f"a refused repeat of {decision}"
+                )
+        undo = self.engine.undos(run_id)[step_]
+        if decision == "later":
+            if undo.state != "asked" or (undo.ask_expires or 0.0) < expires:
+                self.violation(
+                    "later-not-asked-again",
+                    run_id,
+                    f"after later, step {step_}'s undo is {undo.state} (until "
+                    f"{undo.ask_expires}, was {expires})",
+                )
+            return
+        wanted = "kept" if decision == "keep" else "pending"
+        if undo.state != wanted:
+            self.violation(
+                f"{decision}-not-taken", run_id, f"after {decision}, step {step_} is {undo.state}"
+            )
+        self.decided[(run_id, step_)] = (decision, right)
+
+    def answered(self) -> list[tuple[str, int, str, str]]:
+        """(run, step, decision, hash) of each answer reverse or keep taken, in run order."""
+        return [
+            (run_id, step_, decision, shown)
+            for run_id in self.runs
+            for (of, step_), (decision, shown) in sorted(self.decided.items())
+            if of == run_id
+        ]
+
+    @precondition(lambda self: bool(self.decided))
+    @rule(pick=PICK, decision=st.sampled_from(["reverse", "keep", "later"]))
+    @step
+    def answer_again(self, pick: int, decision: str) -> None:
+        """A person answers a question already answered (reverse or keep), with the hash they
+        were shown: an answer is used once, so it must be refused, changing nothing."""
+        answered = self.answered()
+        run_id, step_, first, shown = answered[pick % len(answered)]
+        before = self.engine.snapshot(run_id)
+        said = self.decide(run_id, step_, decision, shown)
+        self.say(f"{decision} step {step_} again (it was {first}): {said}")
+        if said == "taken":
+            self.violation(
+                "second-answer-taken", run_id, f"{decision} taken after {first} was answered"
+            )
+        if self.engine.snapshot(run_id) != before:
+            self.violation(
+                "refused-answer-changed-run", run_id, f"a refused {decision} after {first}"
+            )
+
+    @precondition(lambda self: self.reaper is None and bool(self.questions()))
+    @rule(pick=PICK, paused=st.booleans())
+    @step
+    def questions_expire(self, pick: int, paused: bool) -> None:
+        """Nobody answers: the clock passes every question's deadline (and every task time
+        limit), and a reaper pass comes (``paused``: it pauses after reading a run with a
+        question, so a person may still answer, or a worker act, before it goes on)."""
+        questions = self.questions()
+        run_id = questions[pick % len(questions)][0]
+        for asked in {q[0] for q in questions}:
+            self.events[asked] = self.events.get(asked, 0) + 1
+            self.touch(asked, "ask-expired")
+        self.time_limit_passes(PAST_ASK_DEADLINE)
+        if paused:
+            self.pause_reaper(run_id, PAST_ASK_DEADLINE)
+        else:
+            self.reap_at(PAST_ASK_DEADLINE, touch=True)
 
     # -- rules: faults -------------------------------------------------------------------------
 
@@ -1793,6 +2295,9 @@ class ModelCheck(RuleBasedStateMachine):
                 "publish_then_fail",
                 "db_down",
                 "db_up",
+                "lose_ask_reply",
+                "lose_decide_reply",
+                "crash_after_conclusion",
             ]
         )
     )
@@ -1805,8 +2310,18 @@ class ModelCheck(RuleBasedStateMachine):
         survive, however many client calls come first). ``refuse_next_publish``: the broker
         refuses the library's next publish; ``publish_then_fail``: it takes the message, the
         caller sees an error.
-        ``db_down`` / ``db_up``: the records database goes away / comes back."""
-        if kind.startswith("undo_fails_"):
+        ``db_down`` / ``db_up``: the records database goes away / comes back.
+        ``lose_ask_reply``: the reply of the next ``begin_compensation`` that asks a person is
+        lost (the worker retries it); ``lose_decide_reply``: the reply of the next answer taken
+        (a person's, or the reaper's expiry) is lost; ``crash_after_conclusion``: the next
+        worker to write a run's conclusion dies right after it (``after_conclusion``)."""
+        if kind == "lose_ask_reply":
+            self.lose_after = "begin_compensation:ask"
+        elif kind == "lose_decide_reply":
+            self.lose_after = "decide_reversal:ok"
+        elif kind == "crash_after_conclusion":
+            self.armed_strike = "after_conclusion"
+        elif kind.startswith("undo_fails_"):
             WORLD.undo_failures = int(kind.rsplit("_", 1)[1])
             self.undo_fault_epoch += 1
         elif kind in ("lose_next_reply", "lose_next_worker_reply"):
@@ -1879,6 +2394,8 @@ class ModelCheck(RuleBasedStateMachine):
         self.db_down = False
         self.reply_to_lose = ""
         self.refuse_publish = ""
+        self.lose_after = ""
+        self.armed_strike = ""
         WORLD.undo_failures = 0
         if self.reaper is not None:
             reaper, self.reaper = self.reaper, None
@@ -1890,7 +2407,9 @@ class ModelCheck(RuleBasedStateMachine):
             # Unless a message of the run was lost for good (revoked, refused, given up) or a
             # caller saw a store error, its unwind must end without the reaper's help.
             lost = any(label.startswith(LOSSES) for label in self.touches_of(run_id))
-            if not lost and self.engine.redis_state(run_id) == "unwinding":
+            # Waiting for a person's answer is no stall: the reaper expires the question.
+            waits = any(u.state == "asked" for u in self.engine.undos(run_id).values())
+            if not lost and not waits and self.engine.redis_state(run_id) == "unwinding":
                 self.violation(
                     "stalled-without-reaper",
                     run_id,
@@ -1901,7 +2420,13 @@ class ModelCheck(RuleBasedStateMachine):
         # rescheduled a run to: a real clock only moves forward.
         farther = (3 * CLOCKS["far_future"], 9 * CLOCKS["far_future"])
         for offset in (CLOCKS["past_deadline"], CLOCKS["past_time_limit"], *farther):
-            for _ in range(3):
+            passes = 0
+            # A pass that expired a question is progress, not a try: the unwind goes on to the
+            # next undo, which may ask again (each is expired by a pass of its own).
+            for _ in range(3 + 3 * QUESTIONS_AT_MOST):
+                if passes >= 3:
+                    break
+                passes += 1
                 # Ended and recorded (an ended run whose record waits for the database is the
                 # reaper's to write once the database is back). Recorded as the keys say: SQL
                 # may hold an earlier record of the same state (a reaper's stale pass wrote the
@@ -1919,7 +2444,9 @@ class ModelCheck(RuleBasedStateMachine):
                     for s, q, recorded in states
                 ):
                     break
-                self.reap_at(offset, touch=False)
+                done = self.reap_at(offset, touch=False) or {}
+                if any("reaper-unanswered" in labels for labels in done.values()):
+                    passes -= 1
                 self.drain()
         for run_id in self.runs:
             self.check_run(run_id)
@@ -1935,10 +2462,24 @@ class ModelCheck(RuleBasedStateMachine):
         if not self.engine.redis_recorded(run_id):
             self.violation("unrecorded", run_id, f"{state}, its end never recorded in SQL")
         escalations = self.engine.open_escalations(run_id)
-        if state == "escalated" and not escalations:
+        kept = state == "escalated" and kept_on_purpose(self.engine.redis_reason(run_id))
+        if kept:
+            # Every undo not done was kept by a person: escalated, and resolved by that
+            # decision (the effect on the books), not left open for someone to find.
+            rows = self.engine.escalations(run_id)
+            if escalations or not rows or not rows[-1].resolved:
+                self.violation(
+                    "kept-not-resolved",
+                    run_id,
+                    "ended kept on purpose, yet its escalation is "
+                    + ("open" if escalations else "missing" if not rows else "not resolved"),
+                )
+            escalations = rows[-1:]
+        elif state == "escalated" and not escalations:
             self.violation("escalated-without-open-escalation", run_id, "no open escalation row")
         if state != "escalated" and escalations:
             self.violation("open-escalation-after-end", run_id, f"{state}, an escalation is open")
+        self.check_reversals(run_id, state, escalations)
         listed = frozenset().union(*(e.live_steps for e in escalations))
         for effect in WORLD.effects_of(run_id):
             where = f"step {effect.step} ({effect.tool}, class {effect.klass})"
@@ -1958,7 +2499,7 @@ class ModelCheck(RuleBasedStateMachine):
         now = (self.events.get(run_id, 0), self.undo_fault_epoch)
         if expected is not None and now != expected[1:]:
             expected = None  # something else happened to the run since: no expectation
-        if expected is not None and state != "compensated":
+        if expected is not None and state != "compensated" and not kept:
             calls = WORLD.undo_calls.get(run_id, 0) - expected[0]
             self.violation(
                 "requeue-ran-no-undo" if calls == 0 else "requeue-did-not-compensate",
@@ -1967,6 +2508,62 @@ class ModelCheck(RuleBasedStateMachine):
                 f"attempts and nothing else injected, yet it ended {state} "
                 f"(undo tool called {calls} time(s) since)",
             )
+
+    def check_reversals(self, run_id: str, state: str, escalations: list[EscalationView]) -> None:
+        """What a person's answers (and the lack of one) must have led to, and that the SQL
+        record of each undo says what Redis says, answers included."""
+        undos = self.engine.undos(run_id)
+        effects = {e.step: e for e in WORLD.effects_of(run_id)}
+        listed_kept = frozenset().union(*(e.kept_steps for e in escalations))
+        failed = frozenset().union(*(e.failed_errors for e in escalations))
+        for step_, undo in sorted(undos.items()):
+            effect = effects.get(step_)
+            where = f"step {step_}" + (f" ({effect.tool})" if effect is not None else "")
+            people = [d for d, by in undo.decisions if by != "reaper"]
+            if undo.state == "kept":
+                if not people or people[-1] != "keep":
+                    self.violation(
+                        "kept-silently", run_id, f"{where} kept, answers {undo.decisions}"
+                    )
+                if effect is not None and effect.undone_by is not None:
+                    self.violation("kept-but-undone", run_id, f"{where} kept, yet undone")
+                if step_ not in listed_kept:
+                    self.violation(
+                        "kept-not-listed", run_id, f"{where} kept: no escalation lists it kept"
+                    )
+            if undo.state == "done" and effect is not None and effect.undone_by is None:
+                self.violation("done-but-live", run_id, f"{where}'s undo done, its effect live")
+            unanswered = undo.state == "failed" and undo.error_type == "NotAnswered"
+            if unanswered and (state != "escalated" or (step_, "NotAnswered") not in failed):
+                self.violation(
+                    "unanswered-not-escalated",
+                    run_id,
+                    f"nobody answered about {where}; the run is {state} and no open "
+                    "escalation names it",
+                )
+            taken = self.decided.get((run_id, step_))
+            if taken is not None and taken[0] == "keep" and undo.state != "kept":
+                self.violation(
+                    "keep-not-kept", run_id, f"{where} kept by a person, now {undo.state}"
+                )
+            if taken is not None and taken[0] == "reverse" and undo.state in ("asked", "kept"):
+                self.violation(
+                    "reverse-not-reversed",
+                    run_id,
+                    f"{where} reversed by a person, now {undo.state}",
+                )
+        if not self.engine.redis_recorded(run_id):
+            return
+        recorded = self.engine.sql_undos(run_id)
+        for step_, undo in sorted(undos.items()):
+            row = recorded.get(step_)
+            if row is None or (row.state, row.decisions) != (undo.state, undo.decisions):
+                seen = "none" if row is None else f"{row.state} {row.decisions}"
+                self.violation(
+                    "sql-disagrees-undo",
+                    run_id,
+                    f"step {step_}'s undo: Redis {undo.state} {undo.decisions}, SQL {seen}",
+                )
 
 
 # =============================================================================================
@@ -2206,6 +2803,8 @@ def main(
         help="split the examples over this many processes (each its own seed and redis-server)",
     )
     args = parser.parse_args(argv)
+    if args.jobs > 1 and os.environ.get(REDIS_URL_ENV):
+        parser.error(f"{REDIS_URL_ENV} is one Redis: run one job (--jobs 1) on it")
     if args.jobs > 1:
         return run_jobs(args, list(sys.argv[1:] if argv is None else argv), module)
     for target in args.only:

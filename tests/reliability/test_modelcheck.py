@@ -90,3 +90,49 @@ def test_hosted_model_check_replays_the_old_defects_without_a_violation(defect: 
     with modelcheck.quiet_logs(), modelcheck.running(modelcheck_hosted.HostedEngine):
         violation, transcript = program.replay()
     assert violation is None, "\n".join(transcript)
+
+
+#: The shrunk programs with which the engine check finds two defects of the reversal policy
+#: (before the fixes in ``saga.unwind.unwind_chain`` and ``saga.core.Core.record_end``): each
+#: must now replay without a violation.
+ENGINE_OLD_DEFECTS: dict[str, list[tuple[str, dict[str, object]]]] = {
+    # undo-below-asked: the reaper read the run, its undo asked a person, the reaper took the
+    # unwind over and its chain skipped the question: the older undo ran before any answer.
+    "a reaper's stale take-over runs the undos below a question": [
+        ("start_runs", {"count": 1, "undo_failures": 0}),
+        ("dispatch", {"run": 0, "tool": "hold_stock"}),
+        ("settle", {}),
+        ("dispatch", {"run": 0, "tool": "book_courier"}),
+        ("settle", {}),
+        ("end_run", {"run": 0, "how": "abort"}),
+        ("reap_paused", {"run": 0, "clock": "past_deadline"}),
+        ("start_delivery", {"pick": 0}),
+        ("finish_delivery", {"pick": 0, "outcome": "proceed", "ack_lost": False}),
+        ("resume_reaper", {}),
+        ("settle", {}),
+    ],
+    # kept-not-resolved: the worker that concluded a kept run died before it resolved the
+    # escalation; the redelivered conclusion recorded it open.
+    "a kept run's conclusion dies before its resolution": [
+        ("start_runs", {"count": 1, "undo_failures": 0}),
+        ("dispatch", {"run": 0, "tool": "book_courier"}),
+        ("settle", {}),
+        ("end_run", {"run": 0, "how": "abort"}),
+        ("settle", {}),
+        ("answer", {"pick": 0, "decision": "keep", "shown": "right", "reply": "ok"}),
+        ("fault", {"kind": "crash_after_conclusion"}),
+        ("settle", {}),
+    ],
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("defect", list(ENGINE_OLD_DEFECTS))
+def test_model_check_replays_the_old_defects_without_a_violation(defect: str) -> None:
+    redis_server_installed()
+    from tests.reliability import modelcheck
+
+    program = modelcheck.Program(ENGINE_OLD_DEFECTS[defect])
+    with modelcheck.quiet_logs(), modelcheck.running():
+        violation, transcript = program.replay()
+    assert violation is None, "\n".join(transcript)
