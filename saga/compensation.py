@@ -107,7 +107,8 @@ def _ask(
     """The undo's reversal policy asks a person first: the chain stops here (the newer undos
     have run, the older ones wait their turn) and no worker is held. A person's answer starts
     the unwind again (``saga.operations.decide_reversal``); the reaper looks at the question
-    when it expires, and expires it into an escalation if nobody answered."""
+    when it expires, and expires it into an escalation if nobody answered. The listeners are
+    told (the notification sinks get a notice)."""
     task.request.chain = None  # nothing after this undo is sent until a person answers
     expires = float(until) if until else core.store.now()
     core.store.schedule(run_id, expires)
@@ -122,6 +123,9 @@ def _ask(
             run_id,
             step,
         )
+    # Each delivery that finds the question open (a redelivery of one killed before it told
+    # anyone too): the listeners act once per question (the notifier's notice is keyed by it).
+    core.reversal_asked(run_id, step)
     return {"asked": step, "until": expires}
 
 

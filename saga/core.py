@@ -114,6 +114,17 @@ class Core(Dispatcher):
             except Exception:
                 logger.exception("run %s: listener failed on step %d settling", run_id, step)
 
+    def reversal_asked(self, run_id: str, step: int) -> None:
+        """An undo's reversal policy asks a person, and the unwind waits at it: tell the
+        listeners (the notifier sends the question's notices). Called by every delivery that
+        finds the question open, a redelivery too (a listener acts once per question). Never
+        raises: the question waits whatever a listener does, and escalates if unanswered."""
+        for listener in self.listeners:
+            try:
+                listener.reversal_asked(run_id, step)
+            except Exception:
+                logger.exception("run %s: listener failed on the question of step %d", run_id, step)
+
     def revive_idle(self, run_id: str) -> bool:
         """The reaper's question before abandoning an idle run: does a listener resume it?"""
         for listener in self.listeners:

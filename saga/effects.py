@@ -61,8 +61,10 @@ def encode_effect(
         undo = tool.build_undo(args, result)
         entry.update(tool=undo.tool, args=registry.check_undo(undo))
         entry["description"] = undo.description or f"{undo.tool} for step {step}"
-        if tool.asks_before_reversal(args, result):
+        question = tool.reversal_question(args, result)
+        if question:
             entry["ask"] = True  # a person decides before the unwind runs it
+            entry["ask_why"] = question
         return result_json, payload.dumps(entry, what="undo", limit=limit), problem
     except Exception as exc:
         message = unbuilt(exc)

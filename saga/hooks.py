@@ -26,13 +26,20 @@ class RunListener:
 
     Called from inside Celery tasks; a listener must never block on another task. What
     ``step_settled`` and ``run_idle`` raise is logged and dropped (each call is repeated by a
-    redelivery or by the reaper); what ``run_escalated`` raises is not (see there).
+    redelivery or by the reaper), and so is what ``reversal_asked`` raises; what
+    ``run_escalated`` raises is not (see there).
     """
 
     def step_settled(self, run_id: str, step: int, turn_done: int | None = None) -> None:
         """A step's outcome is recorded: succeeded, failed, rejected, skipped or judged.
         ``turn_done``: the hosted turn the recording script completed (0: none), or None if
         it did not check."""
+
+    def reversal_asked(self, run_id: str, step: int) -> None:
+        """The unwind waits for a person's answer about reversing step ``step`` (its tool's
+        ``reversal`` policy asked). Told by every delivery that finds the question open, so
+        a redelivery tells it again: act once per question. What it raises is logged and
+        dropped."""
 
     def run_idle(self, run_id: str) -> bool:
         """The reaper found the run running, nothing in flight, idle past its deadline.

@@ -220,14 +220,16 @@ def decide_reversal(
 
 
 def waiting_for_a_person(picture: RunPicture) -> list[dict[str, Any]]:
-    """The undos of ``picture`` a person is asked about: step, tool, what it undoes, until
-    when, and the hash an answer must carry."""
+    """The undos of ``picture`` a person is asked about: step, tool, what it undoes, why it
+    asks, since and until when (Redis clock), and the hash an answer must carry."""
     return [
         {
             "step": c.step,
             "tool": str(c.entry.get("tool", "")),
             "description": str(c.entry.get("description", "")),
             "args": c.entry.get("args", {}),
+            "why": str(c.entry.get("ask_why", "")),
+            "asked_at": c.asked_at,
             "until": c.ask_expires,
             "args_hash": c.ask_hash,
             "decisions": c.decisions,

@@ -81,6 +81,8 @@ class CompensationRecord:
     #: this very undo (``saga.operations.decide_reversal``).
     ask_expires: float | None = None
     ask_hash: str = ""
+    #: When the question was (last) asked, Redis clock: how long the unwind has waited.
+    asked_at: float | None = None
     #: Every answer about reversing it (``decision``, ``by``, ``note``, ``at``), oldest first.
     decisions: list[dict[str, Any]] = field(default_factory=list)
 
@@ -344,6 +346,7 @@ def _compensations_from(fields: dict[str, str]) -> list[CompensationRecord]:
             errors=payload.loads(fields.get(f"{n}:errors") or "[]"),
             ask_expires=_number(fields, f"{n}:ask_expires"),
             ask_hash=fields.get(f"{n}:ask_hash", ""),
+            asked_at=_number(fields, f"{n}:asked_at"),
             decisions=payload.loads(fields.get(f"{n}:decisions") or "[]"),
         )
         for n in numbers

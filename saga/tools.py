@@ -74,14 +74,23 @@ class Tool:
         """Whether a person decides before this step's effect is reversed: judged when the
         undo is pushed, on the arguments and result it captured. A predicate that raises asks
         (a person weighs what the code could not)."""
+        return bool(self.reversal_question(args, result))
+
+    def reversal_question(self, args: dict[str, Any], result: Any) -> str:
+        """Why a person is asked before this step's effect is reversed, in words the person
+        reads beside the question ('' when nobody is asked)."""
         if self.reversal == REVERSAL_AUTO:
-            return False
+            return ""
         if self.reversal == REVERSAL_ASK:
-            return True
+            return f"{self.name} always asks a person first (reversal='ask')"
+        name = str(getattr(self.reversal, "__name__", ""))
+        # A lambda's name says nothing: the predicate is named by what it is then.
+        said = f"{name}(args, result)" if name.isidentifier() else f"{self.name}'s predicate"
         try:
-            return bool(self.reversal(args, result))  # type: ignore[operator]
-        except Exception:
-            return True
+            asks = bool(self.reversal(args, result))  # type: ignore[operator]
+        except Exception as exc:
+            return f"{said} raised {type(exc).__name__}: a person weighs it"
+        return f"{said} was true for this step" if asks else ""
 
     def validate(self, args: dict[str, Any]) -> dict[str, Any]:
         """Check ``args`` against the schema; return them in JSON form, ready to send."""

@@ -14,7 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from saga.escalations.markdown import compact, database_why
-from saga.escalations.schema import CompensationDoc, EscalationDoc, RunDoc
+from saga.escalations.questions import unanswered, unanswered_text
+from saga.escalations.schema import AnswerCommandsDoc, CompensationDoc, EscalationDoc, RunDoc
 from saga.escalations.timeline import Line, timeline, undo_text
 
 _STATE_STYLE = {
@@ -119,6 +120,7 @@ def to_rich(doc: EscalationDoc) -> RenderableType:
         head.append(f"\nsince: {doc['moved_on']}", style="cyan")
     parts: list[RenderableType] = [
         Panel(head, title=f"ESCALATION {doc['escalation_id']} · {status}", title_align="left"),
+        *_questions(doc),
         run_card(doc["run"]),
         _steps(doc["run"]),
     ]
@@ -133,6 +135,49 @@ def to_rich(doc: EscalationDoc) -> RenderableType:
     parts.append(live if doc["live"] else Text("Still live: nothing", style="dim"))
     parts.append(_commands(doc))
     return Group(*parts)
+
+
+def _questions(doc: EscalationDoc) -> list[RenderableType]:
+    """What a person is asked now (the run waits at an undo), with the commands that answer
+    it; and each question that expired unanswered, which is why the run escalated."""
+    parts: list[RenderableType] = []
+    answers = {a["step"]: a for a in doc["commands"]["answer_reversal"]}
+    for question in doc["run"]["questions"]:
+        text = Text()
+        text.append(f"step {question['step']}: {question['description']}\n", style="bold")
+        text.append(f"undo   {question['tool']}({compact(question['args'], 200)})\n")
+        text.append(f"why    {question['why']}\n")
+        text.append(f"asked  {question['asked_at'] or '?'}, answer before ")
+        text.append(f"{question['until'] or '?'}\n", style="bold")
+        text.append(f"hash   {question['args_hash']}")
+        for earlier in question["decisions"]:
+            text.append(f"\nearlier: {earlier.get('decision')} by {earlier.get('by')}", style="dim")
+        title = "A PERSON DECIDES: reverse, keep or later"
+        parts.append(Panel(text, title=title, title_align="left", border_style="yellow"))
+        answer = answers.get(question["step"])
+        if answer is not None:
+            parts.append(_answer_commands(answer))
+    for comp in unanswered(doc["failed_compensations"]):
+        line = Text("Asked and not answered: ", style="bold red")
+        line.append(unanswered_text(comp))
+        parts.append(line)
+    return parts
+
+
+def _answer_commands(answer: AnswerCommandsDoc) -> RenderableType:
+    """One question's answers, one per line, never wrapped (each copied whole)."""
+    text = Text(no_wrap=True, overflow="ignore")
+    rows = [
+        ("reverse", answer["reverse"]),
+        ("keep", answer["keep"]),
+        ("later", answer["later"]),
+        ("api", answer["api"]),
+    ]
+    for label, command in rows:
+        text.append(f"{label:>8}  ", style="dim")
+        text.append(f"{command}\n", style="bold")
+    text.rstrip()
+    return text
 
 
 def _commands(doc: EscalationDoc) -> RenderableType:

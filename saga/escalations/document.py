@@ -13,6 +13,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, cast
 
+from saga.escalations.questions import question_docs
 from saga.escalations.schema import (
     SCHEMA_VERSION,
     AttemptErrorDoc,
@@ -209,6 +210,7 @@ def run_document(picture: RunPicture) -> RunDoc:
             _compensation(c) for c in sorted(picture.compensations, key=lambda c: -c.step)
         ],
         "live": live_docs(not_undone(picture)) if ended_with_undo else [],
+        "questions": question_docs(picture),
         "source": "redis",
     }
 
@@ -271,6 +273,7 @@ def run_document_from_records(
         "stack": stack,
         "compensations": compensations,
         "live": live,
+        "questions": [],
         "source": "database",
     }
 

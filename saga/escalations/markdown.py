@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from saga.escalations.questions import unanswered, unanswered_text
 from saga.escalations.schema import CompensationDoc, EscalationDoc, RunDoc, RunJsonDoc
 from saga.escalations.timeline import plain, timeline, undo_text
 
@@ -117,6 +118,7 @@ def to_markdown(doc: EscalationDoc) -> str:
     ]
     if doc["moved_on"]:
         lines.append(f"- **Since:** {doc['moved_on']}")
+    lines += _questions(doc)
     lines += ["", *run_markdown(run), "", "### Stack (captured references)", ""]
     stack_rows = [
         [
@@ -144,6 +146,31 @@ def to_markdown(doc: EscalationDoc) -> str:
     lines += _command_lines(doc)
     lines += ["```", ""]
     return "\n".join(lines)
+
+
+def _questions(doc: EscalationDoc) -> list[str]:
+    """What a person is asked now, with the commands that answer it; and each question that
+    expired unanswered."""
+    lines: list[str] = []
+    answers = {a["step"]: a for a in doc["commands"]["answer_reversal"]}
+    for q in doc["run"]["questions"]:
+        lines += [
+            "",
+            f"### A person decides: reverse step {q['step']}? ({_cell(q['description'])})",
+            "",
+            f"- **Undo:** `{q['tool']}` {_code(q['args'])}",
+            f"- **Why asked:** {q['why']}",
+            f"- **Asked:** {q['asked_at'] or '?'}; **answer before:** {q['until'] or '?'}",
+            f"- **Hash:** `{q['args_hash']}`",
+        ]
+        answer = answers.get(q["step"])
+        if answer is not None:
+            lines += ["", "```sh", f"{answer['reverse']}  # reverse it now"]
+            lines += [f"{answer['keep']}  # keep the effect, saying why"]
+            lines += [f"{answer['later']}  # ask again later", answer["api"], "```"]
+    for comp in unanswered(doc["failed_compensations"]):
+        lines += ["", f"- **Asked and not answered:** {unanswered_text(comp)}"]
+    return lines
 
 
 def _command_lines(doc: EscalationDoc) -> list[str]:

@@ -17,11 +17,13 @@ from saga.escalations.document import (
     run_document_from_records,
     stack_doc,
 )
+from saga.escalations.questions import answer_commands, unanswered
 from saga.escalations.schema import (
     SCHEMA_VERSION,
     CommandsDoc,
     CompensationDoc,
     EscalationDoc,
+    QuestionDoc,
     RunDoc,
     StackEntryDoc,
     StepDoc,
@@ -75,12 +77,23 @@ SUMMARIES: dict[WhyKind, str] = {
         "The reaper could not read or resolve this run (see the cause): look at its Redis "
         "keys and the workers' logs before anything else."
     ),
+    "unanswered": (
+        "A person was asked whether to reverse an effect (its tool's reversal policy) and "
+        "nobody answered in time, so its undo did not run: the effect is still live. Requeue "
+        "to ask again, or decide by hand and resolve saying what was decided."
+    ),
     "other": "The run escalated: read the cause and the timeline.",
 }
 
 
-def classify(reason: str, cause: str, steps: Sequence[StepDoc] = ()) -> WhyDoc:
-    """Why a person has the run: the verdict it ended with first, then what else applies."""
+def classify(
+    reason: str,
+    cause: str,
+    steps: Sequence[StepDoc] = (),
+    failed: Sequence[CompensationDoc] = (),
+) -> WhyDoc:
+    """Why a person has the run: the verdict it ended with first, then what else applies
+    (``failed``: the undos that gave up, of which a question nobody answered is named)."""
     if reason == REASON_COMPENSATION_FAILED:
         kind: WhyKind = "compensation_failed"
     elif reason == REASON_COMPENSATION_NOT_BUILT:
@@ -103,6 +116,8 @@ def classify(reason: str, cause: str, steps: Sequence[StepDoc] = ()) -> WhyDoc:
     errors = {str((s["error"] or {}).get("type", "")) for s in steps}
     if cause.startswith("aborted: abandoned") or errors & _DEADLINE_ERRORS:
         also.append("deadline")
+    if unanswered(failed):
+        also.append("unanswered")
     also = [k for k in dict.fromkeys(also) if k != kind]
     return {"kind": kind, "also": also, "reason": reason, "summary": SUMMARIES[kind]}
 
@@ -116,9 +131,10 @@ def commands(
     failed: Sequence[CompensationDoc] = (),
     command: str = "saga",
     corrections: bool = False,
+    questions: Sequence[QuestionDoc] = (),
 ) -> CommandsDoc:
     """The exact commands that deal with the escalation (``command``: how ``saga`` is invoked
-    here, e.g. with its ``--app``)."""
+    here, e.g. with its ``--app``), and those answering the ``questions`` the run asks now."""
     run, escalation = shlex.quote(run_id), shlex.quote(escalation_id)
     correction = None
     if requeueable and corrections:
@@ -135,6 +151,7 @@ def commands(
             if open_
             else None
         ),
+        "answer_reversal": [answer_commands(run_id, q, command) for q in questions],
     }
 
 
@@ -176,7 +193,7 @@ def escalation_package(
         "created_at": iso_datetime(escalation.created_at),
         "open": open_,
         "resolution": escalation.resolution,
-        "why": classify(escalation.reason, escalation.cause, run_doc["steps"]),
+        "why": classify(escalation.reason, escalation.cause, run_doc["steps"], failed),
         "cause": escalation.cause,
         "run": run_doc,
         "moved_on": _moved_on(run_doc, generation),
@@ -192,6 +209,7 @@ def escalation_package(
             failed=failed,
             command=command,
             corrections=corrections,
+            questions=run_doc["questions"],
         ),
     }
 
@@ -210,7 +228,7 @@ def _package_from_picture(picture: RunPicture, command: str, corrections: bool) 
         "created_at": iso(picture.ended),
         "open": True,
         "resolution": "",
-        "why": classify(picture.reason, picture.cause, run_doc["steps"]),
+        "why": classify(picture.reason, picture.cause, run_doc["steps"], failed),
         "cause": picture.cause,
         "run": run_doc,
         "moved_on": "",
@@ -226,6 +244,7 @@ def _package_from_picture(picture: RunPicture, command: str, corrections: bool) 
             failed=failed,
             command=command,
             corrections=corrections,
+            questions=run_doc["questions"],
         ),
     }
 

@@ -20,6 +20,7 @@ WhyKind = Literal[
     "deadline",  # no progress before the run's deadline: the reaper ended it
     "late_landing",  # an effect landed after its step was judged, too late to unwind
     "unhandled",  # the reaper could not read or resolve the run
+    "unanswered",  # a person was asked whether to reverse an effect, and did not answer in time
     "other",
 ]
 
@@ -99,6 +100,26 @@ class LiveDoc(TypedDict):
     why: str
 
 
+class QuestionDoc(TypedDict):
+    """An undo whose reversal a person is asked about (the tool's ``reversal`` policy): the
+    unwind waits at it until someone answers reverse, keep (with a note) or later."""
+
+    step: int
+    #: The undo that would run, with the references it captured.
+    tool: str
+    args: dict[str, Any]
+    description: str
+    #: Why a person is asked (the tool's policy, as judged when the undo was pushed).
+    why: str
+    #: When it was asked and until when it may be answered (null when not known).
+    asked_at: str | None
+    until: str | None
+    #: What an answer carries: the hash of the undo as it was asked (single-use).
+    args_hash: str
+    #: Earlier answers (``decision``, ``by``, ``note``, ``at``): a ``later``, oldest first.
+    decisions: list[dict[str, Any]]
+
+
 class RunDoc(TypedDict):
     """A run as the timeline draws it."""
 
@@ -119,6 +140,8 @@ class RunDoc(TypedDict):
     #: Newest step first: the order the unwind runs them.
     compensations: list[CompensationDoc]
     live: list[LiveDoc]
+    #: Undos a person is asked about now, before they run (empty from the records).
+    questions: list[QuestionDoc]
     source: Source
     #: True when Redis did not answer, so the run was read from the database although its keys
     #: may not have expired (what is live in Redis is then not shown). Absent: Redis was read.
@@ -135,6 +158,18 @@ class WhyDoc(TypedDict):
     summary: str
 
 
+class AnswerCommandsDoc(TypedDict):
+    """The commands that answer one question, ready to copy."""
+
+    step: int
+    show: str
+    reverse: str
+    keep: str
+    later: str
+    #: The HTTP API's answer (an ``operate`` token; ``decision`` reverse, keep or later).
+    api: str
+
+
 class CommandsDoc(TypedDict):
     show: str
     #: None when there is nothing to requeue (past the pivot, empty stack, resolved).
@@ -143,6 +178,9 @@ class CommandsDoc(TypedDict):
     requeue_with_correction: str | None
     #: None once resolved.
     resolve: str | None
+    #: The commands answering each question the run asks a person now (``reversal="ask"``),
+    #: one entry per question: ``step``, ``show``, ``reverse``, ``keep``, ``later``, ``api``.
+    answer_reversal: list[AnswerCommandsDoc]
 
 
 class EscalationDoc(TypedDict):

@@ -1,4 +1,5 @@
-"""Telling people about escalations: the ERROR log, then a notice per configured sink.
+"""Telling people about escalations: the ERROR log, then a notice per configured sink; and,
+the same way, about an unwind that waits for a person's answer before a costly reversal.
 
 ``escalated`` runs inside the recording of an escalated run, before the run counts as recorded
 (``Core.record_end`` marks it only afterwards): a crash anywhere before the notices are written
@@ -6,6 +7,11 @@ leaves the run unrecorded, so it is recorded again (by a redelivery or the reape
 notices written then. Once written, each notice is a Celery task (``saga.notify``) with its own
 retries, so a slow receiver never holds up the worker that recorded the run; a notice whose
 message was lost is sent again by the reaper (``sweep``) once it is due.
+
+A question (an undo's ``reversal`` policy asked a person) is told by the compensation's
+delivery that found it open (``asked``): one notice per question and sink, keyed
+``<run>:<generation>:asked:<step>``, written pending and sent as an escalation's is, so a
+redelivery finds it written (or sent) and sends nothing twice.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -22,7 +29,13 @@ from saga.core import Core
 from saga.errors import NotificationError, StoreUnavailableError
 from saga.escalations.invocation import command_for
 from saga.hooks import RunListener
-from saga.notifications.body import notification_body
+from saga.model import CompensationState
+from saga.notifications.body import (
+    notification_body,
+    question_body,
+    question_notice_id,
+    question_of,
+)
 from saga.notifications.sinks import SINKS
 from saga.notifications.store import NoticeStore
 from saga.notify_settings import NotifySettings
@@ -95,6 +108,24 @@ class Notifier(RunListener):
         pending = self.store.open(record.escalation_id, record.run_id, sinks, now + SWEEP_GRACE)
         return [sink for sink in pending if self.send(record.escalation_id, sink)]
 
+    def reversal_asked(self, run_id: str, step: int) -> None:
+        self.asked(run_id, step)
+
+    def asked(self, run_id: str, step: int) -> list[str]:
+        """The unwind waits for a person's answer about step ``step``'s undo: write its
+        notices (once per question) and send those still pending; return the sinks sent to."""
+        sinks = self.settings.sinks
+        if not sinks:
+            return []
+        picture = self.core.store.picture(run_id)
+        undo = next((c for c in picture.compensations if c.step == step), None) if picture else None
+        if picture is None or undo is None or undo.state is not CompensationState.ASKED:
+            return []  # answered (or gone) already: nobody is to be asked
+        notice_id = question_notice_id(run_id, picture.generation, step)
+        due = self.core.store.now() + SWEEP_GRACE
+        pending = self.store.open(notice_id, run_id, sinks, due)
+        return [sink for sink in pending if self.send(notice_id, sink)]
+
     def send(self, escalation_id: str, sink: str) -> bool:
         """Publish one notice's task; False (logged) if the broker refused it."""
         try:
@@ -149,12 +180,9 @@ class Notifier(RunListener):
             logger.info("notice %s to %s not sent: %s", escalation_id, sink, claim.status)
             return Delivery(claim.status)
         try:
-            record = self._escalation(escalation_id)
             if sink not in SINKS:
                 raise NotificationError(f"no sink named {sink!r} in this deploy")
-            body = notification_body(
-                record, *self._timeline(record.run_id), command=command_for(self.core.app_object)
-            )
+            body = self._body(escalation_id)
             detail = SINKS[sink](settings, body, escalation_id, claim.attempt)
         except Exception as exc:
             return self._failed(escalation_id, sink, claim.attempt, exc)
@@ -191,6 +219,17 @@ class Notifier(RunListener):
             error,
         )
         return Delivery("failed", error, None, exc)
+
+    def _body(self, notice_id: str) -> dict[str, Any]:
+        """What the notice says: its escalation's package, or the question it tells of."""
+        command = command_for(self.core.app_object)
+        question = question_of(notice_id)
+        if question is not None:
+            run_id, step = question
+            picture = self.core.store.picture(run_id)
+            return question_body(notice_id, run_id, step, picture, command=command)
+        record = self._escalation(notice_id)
+        return notification_body(record, *self._timeline(record.run_id), command=command)
 
     def _timeline(self, run_id: str) -> tuple[RunPicture | None, RunRecord | None]:
         """Where the package's timeline comes from: the run's live picture, else its record."""

@@ -23,6 +23,7 @@ from saga.errors import (
     UnknownRunError,
 )
 from saga.escalations import EscalationDoc, RunDoc, run_json
+from saga.escalations.questions import question_docs
 from saga.escalations.schema import RunJsonDoc
 from saga.listing import RunFilter, page_of_runs
 from saga.model import RunState
@@ -160,6 +161,40 @@ def pending_approvals(ctx: WebContext, run_id: str | None = None) -> list[dict[s
         for approval in status.pending_approvals:
             found.append({"run_id": one, "agent": status.agent, **approval})
     return found
+
+
+def reversal_questions(ctx: WebContext, run_id: str) -> list[dict[str, Any]]:
+    """The run's undos waiting for a person before they run (``saga reversal RUN``)."""
+    # Imported on use: a web process loads no operator module it does not serve.
+    from saga.operations import waiting_for_a_person
+
+    picture = ctx.store.picture(run_id)
+    return [] if picture is None else waiting_for_a_person(picture)
+
+
+def waiting_reversals(ctx: WebContext) -> list[dict[str, Any]]:
+    """The questions about reversing an effect across the newest unwinding runs (a run
+    asking one waits, unwinding, until someone answers), longest waiting first."""
+    unwinding = page_of_runs(ctx.store, None, RunFilter(states=("unwinding",), limit=_NEWEST))
+    found = []
+    for row in unwinding.rows:
+        picture = ctx.store.picture(row.run_id)
+        if picture is not None:
+            found += [{"run_id": row.run_id, **q} for q in question_docs(picture)]
+    return sorted(found, key=lambda q: q["asked_at"] or "")
+
+
+def decide_reversal(
+    ctx: WebContext, run_id: str, step: int, decision: str, *, args_hash: str, note: str, by: str
+) -> RunPicture:
+    """Answer the question about reversing step ``step``'s effect (``saga reversal RUN STEP``):
+    reverse it now, keep it (``note`` says why, for the books) or later; bound to the hash
+    of the undo the person was shown, taken once (``saga.operations.decide_reversal``)."""
+    after = ctx.saga().decide_reversal(
+        run_id, step, decision, args_hash=args_hash, by=by, note=note
+    )
+    logger.warning("run %s: reversal of step %d: %s by %r", run_id, step, decision, by)
+    return after
 
 
 def the_escalation(ctx: WebContext, escalation_id: str) -> EscalationDoc:

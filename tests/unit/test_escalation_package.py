@@ -71,6 +71,7 @@ RUN_KEYS = {
     "stack",
     "compensations",
     "live",
+    "questions",
     "source",
 }
 
@@ -374,6 +375,7 @@ def test_commands_follow_what_can_be_done() -> None:
         "requeue": f"saga --app my.app:saga requeue {RUN}",
         "requeue_with_correction": f"saga --app my.app:saga requeue {RUN} --set 3.ticket_id=VALUE",
         "resolve": f"saga --app my.app:saga resolve {RUN}:0 --note 'what was done, and by whom'",
+        "answer_reversal": [],
     }
     assert resolved["commands"]["requeue"] is resolved["commands"]["resolve"] is None
     assert (resolved["open"], resolved["resolution"]) == (
@@ -603,3 +605,116 @@ def test_the_package_modules_need_no_celery() -> None:
     folder = Path(__file__).resolve().parents[2] / "saga" / "escalations"
     for module in folder.glob("*.py"):
         assert not re.search(r"^\s*(import|from)\s+celery\b", module.read_text(), re.M), module
+
+
+# -- a person decides before a costly reversal ----------------------------------------------
+
+
+ASKED_UNDO = {**CREDIT_UNDO, "ask": True, "ask_why": "costly(args, result) was true for this step"}
+
+
+def _not_answered_picture() -> RunPicture:
+    """The credit's question expired unanswered: its undo failed (``NotAnswered``)."""
+    error = {
+        "type": "NotAnswered",
+        "message": "a person was asked whether to reverse it, "
+        "and did not answer by 1764930000.000000",
+    }
+    failed = CompensationRecord(
+        2,
+        ASKED_UNDO,
+        CompensationState.FAILED,
+        0,
+        error,
+        CREATED + 50,
+        errors=[{"error": error, "at": f"{CREATED + 50:.6f}"}],
+    )
+    done = CompensationRecord(3, STATUS_UNDO, CompensationState.DONE, 1, None, CREATED + 40)
+    return RunPicture(
+        RUN,
+        RunState.ESCALATED,
+        REASON_COMPENSATION_FAILED,
+        None,
+        seed_steps(),
+        [ASKED_UNDO],
+        [failed, done],
+        CREATED,
+        CREATED + 52,
+        extra={"generation": "0"},
+        cause="aborted: the customer cancelled",
+    )
+
+
+def _asked_again_picture() -> RunPicture:
+    """The same run requeued: its unwind asks the question again (generation 1)."""
+    asked = CompensationRecord(
+        2,
+        ASKED_UNDO,
+        CompensationState.ASKED,
+        0,
+        ask_expires=CREATED + 3600,
+        ask_hash="ab" * 20,
+        asked_at=CREATED + 60,
+        decisions=[{"decision": "later", "by": "ada", "note": "", "at": "1"}],
+    )
+    picture = _not_answered_picture()
+    return RunPicture(
+        RUN,
+        RunState.UNWINDING,
+        "",
+        None,
+        picture.steps,
+        [ASKED_UNDO],
+        [asked, picture.compensations[1]],
+        CREATED,
+        None,
+        extra={"generation": "1"},
+        cause=picture.cause,
+    )
+
+
+def test_an_escalation_names_the_question_nobody_answered() -> None:
+    picture = _not_answered_picture()
+    package = escalation_package(record_of(picture), picture)
+    assert package["why"]["kind"] == "compensation_failed"
+    assert package["why"]["also"] == ["unanswered"]
+    markdown = to_markdown(package)
+    assert "**Asked and not answered:** step 2: reverse_credit" in markdown
+    assert "a requeue asks the question again" in markdown
+    console = Console(record=True, width=300, color_system=None, file=io.StringIO())
+    console.print(to_rich(package))
+    assert "Asked and not answered: step 2" in console.export_text()
+
+
+def test_the_card_shows_the_question_a_run_waits_at_and_the_commands_answering_it() -> None:
+    # Given the escalated run, requeued, waiting at the same question again
+    record = record_of(_not_answered_picture())
+    package = escalation_package(record, _asked_again_picture(), command="saga --app m:saga")
+    [question] = package["run"]["questions"]
+    assert (question["tool"], question["args_hash"]) == ("reverse_credit", "ab" * 20)
+    assert question["why"] == "costly(args, result) was true for this step"
+    assert question["until"] == datetime.fromtimestamp(CREATED + 3600, UTC).isoformat(
+        timespec="seconds"
+    )
+    [answer] = package["commands"]["answer_reversal"]
+    assert answer == {
+        "step": 2,
+        "show": f"saga --app m:saga reversal {RUN}",
+        "reverse": f"saga --app m:saga reversal {RUN} 2 --reverse --hash {'ab' * 20}",
+        "keep": f"saga --app m:saga reversal {RUN} 2 --keep --note 'why it stays, for the books' "
+        f"--hash {'ab' * 20}",
+        "later": f"saga --app m:saga reversal {RUN} 2 --later --hash {'ab' * 20}",
+        "api": answer["api"],
+    }
+    assert f"/api/runs/{RUN}/reversals/2" in answer["api"] and '"args_hash"' in answer["api"]
+    # Then the card and the Markdown show it, with every command whole
+    console = Console(record=True, width=400, color_system=None, file=io.StringIO())
+    console.print(to_rich(package))
+    card = console.export_text()
+    assert "A PERSON DECIDES" in card and "earlier: later by ada" in card
+    assert all(
+        c in card for c in (answer["reverse"], answer["keep"], answer["later"], answer["api"])
+    )
+    markdown = to_markdown(package)
+    assert "### A person decides: reverse step 2?" in markdown
+    assert f"- **Hash:** `{'ab' * 20}`" in markdown and answer["keep"] in markdown

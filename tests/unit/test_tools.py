@@ -470,3 +470,40 @@ def test_a_tool_registered_with_offered_false_is_named_as_not_offered() -> None:
         ToolNotOfferedError, match="'internal' exists but is not offered to agents; the agent"
     ):
         reg.offered("internal")
+
+
+def test_a_reversal_policy_says_why_it_asks_a_person() -> None:
+    """The words shown beside the question: the policy, or the predicate that said so."""
+    registry = ToolRegistry()
+
+    def over_a_thousand(args: dict[str, Any], result: Any) -> bool:
+        return bool(args["n"] > 1000)
+
+    def undo(args: dict[str, Any], result: Any) -> Undo:
+        return Undo("take_back", {})
+
+    for name, policy in (
+        ("always", "ask"),
+        ("costly", over_a_thousand),
+        ("broken", lambda args, result: 1 / 0),
+        ("never", "auto"),
+    ):
+
+        def step(ctx: StepContext, n: int) -> dict[str, Any]:
+            return {}
+
+        registry.tool(ToolClass.COMPENSATABLE_WRITE, name=name, compensation=undo, reversal=policy)(
+            step
+        )
+    why = {
+        name: registry.get(name).reversal_question({"n": 2000}, {})
+        for name in ("always", "costly", "broken", "never")
+    }
+    assert why == {
+        "always": "always always asks a person first (reversal='ask')",
+        "costly": "over_a_thousand(args, result) was true for this step",
+        "broken": "broken's predicate raised ZeroDivisionError: a person weighs it",
+        "never": "",
+    }
+    assert registry.get("costly").reversal_question({"n": 5}, {}) == ""
+    assert registry.get("costly").asks_before_reversal({"n": 2000}, {}) is True

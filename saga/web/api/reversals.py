@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from saga.web import actions
 from saga.web.api.common import RunId
 from saga.web.api.schemas import ReversalAnswer
 from saga.web.auth import Context, Operator, Reader
@@ -18,12 +19,9 @@ router = APIRouter(prefix="/api", tags=["reversals"])
 @router.get("/runs/{run_id}/reversals")
 def run_reversals(run_id: RunId, ctx: Context, holder: Reader) -> Any:
     """The run's undos waiting for a person: ``step``, ``tool``, ``description``, ``args``,
-    ``until`` (Redis clock), ``args_hash`` (what an answer carries), earlier ``decisions``."""
-    # Imported on use: the API's start-up loads no operator module it does not serve.
-    from saga.operations import waiting_for_a_person
-
-    picture = ctx.store.picture(run_id)
-    return {"reversals": [] if picture is None else waiting_for_a_person(picture)}
+    ``why`` it asks, ``asked_at`` and ``until`` (Redis clock), ``args_hash`` (what an answer
+    carries), earlier ``decisions``."""
+    return {"reversals": actions.reversal_questions(ctx, run_id)}
 
 
 @router.post("/runs/{run_id}/reversals/{step}")
@@ -32,8 +30,8 @@ def answer_reversal(
 ) -> Any:
     """Answer for the undo of step ``step`` (409 if the hash is not the one asked about, if it
     was answered already, or a keep comes without a note)."""
-    after = ctx.saga().decide_reversal(
-        run_id, step, body.decision, args_hash=body.args_hash, by=holder.name, note=body.note
+    after = actions.decide_reversal(
+        ctx, run_id, step, body.decision, args_hash=body.args_hash, note=body.note, by=holder.name
     )
     return {
         "run_id": run_id,

@@ -1,5 +1,6 @@
-"""The console's forms: log in and out, abort, approve or deny a call, requeue (with a preview
-of the corrections as a diff) and resolve. Every form carries the session's CSRF token; one
+"""The console's forms: log in and out, abort, approve or deny a call, answer whether to
+reverse a costly effect (reverse, keep with a note, later), requeue (with a preview of the
+corrections as a diff) and resolve. Every form carries the session's CSRF token; one
 without it, or posted by a ``read`` login, is refused (403) before anything happens. Each acts
 through ``saga.web.actions``, as the API does, with the token's name as ``by``.
 """
@@ -145,6 +146,32 @@ async def decide(
         approve=verdict == "approve",
         args_hash=args_hash,
         reason=reason,
+        by=session.holder.name,
+    )
+    return render.go(request, f"/console/runs/{run_id}")
+
+
+#: What a person may answer when an undo's reversal policy asks (``saga.operations``).
+_REVERSAL_DECISIONS = ("reverse", "keep", "later")
+
+
+@router.post("/runs/{run_id}/reversals/{step}/{decision}")
+async def decide_reversal(request: Request, run_id: RunId, step: int, decision: str) -> Response:
+    """Reverse the effect now, keep it (the note, required, says why for the books) or
+    decide later: bound to the hash of the undo the page showed, taken once. A stale hash
+    (the undo changed, or another person answered first) is refused on the error page."""
+    if decision not in _REVERSAL_DECISIONS:
+        raise HTTPException(404, f"no such decision {decision[:20]!r}")
+    session, form = await acting(request)
+    args_hash = _text(form, "args_hash", limit=64)
+    note = _text(form, "note", required=decision == "keep")
+    actions.decide_reversal(
+        context(request),
+        run_id,
+        step,
+        decision,
+        args_hash=args_hash,
+        note=note,
         by=session.holder.name,
     )
     return render.go(request, f"/console/runs/{run_id}")

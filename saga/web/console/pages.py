@@ -158,11 +158,15 @@ def run_values(request: Request, run_id: str) -> dict[str, Any]:
     doc = actions.the_run_doc(ctx, run_id)
     hosted = hosted_doc(ctx.store, ctx.records, run_id)
     escalations = ctx.records.escalations(run_id, open_only=True)
+    pending, resolution = "", None
     if doc["state"] == "escalated" and not escalations:
         live = ctx.store.picture(run_id)
-        pending = f"{run_id}:{live.generation}" if live is not None else ""
-    else:
-        pending = ""
+        # Not recorded yet, and not closed by a person either (a kept effect's decision
+        # resolves the run's escalation as it ends: it is not open, whatever the records say).
+        if live is not None and live.resolution is None:
+            pending = f"{run_id}:{live.generation}"
+        elif live is not None and live.resolution is not None:
+            resolution = {"escalation_id": f"{run_id}:{live.generation}", **live.resolution}
     return {
         "doc": doc,
         "timeline": render.timeline_html(doc),
@@ -171,6 +175,7 @@ def run_values(request: Request, run_id: str) -> dict[str, Any]:
         if doc["state"] == "running"
         else [],
         "escalation": escalations[-1].escalation_id if escalations else pending,
+        "resolution": resolution,
         "live_run": doc["state"] in ("running", "unwinding"),
     }
 
@@ -208,10 +213,12 @@ def escalations(
 
 @router.get("/approvals")
 def approvals(request: Request) -> HTMLResponse:
-    """Calls awaiting a person across every running run; decided on each run's page."""
+    """What awaits a person across the runs: calls to approve (running hosted runs) and
+    effects whose reversal a person decides (unwinding runs); each answered on its run's page."""
     session = viewer(request)
     pending = actions.pending_approvals(context(request))
-    return render.page(request, "approvals.html", session, approvals=pending)
+    reversals = actions.waiting_reversals(context(request))
+    return render.page(request, "approvals.html", session, approvals=pending, reversals=reversals)
 
 
 @router.get("/escalations/{escalation_id}")

@@ -13,6 +13,7 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
 
 from saga.escalations import RunDoc, timeline
+from saga.escalations.questions import unanswered_text
 from saga.escalations.timeline import Line
 from saga.web.auth import LOGIN_COOKIE, SESSION_COOKIE, Session, context
 
@@ -98,6 +99,8 @@ def pretty(value: Any) -> str:
 
 
 templates.env.filters["pretty"] = pretty
+#: A question that expired unanswered, as the card and the Markdown say it.
+templates.env.filters["unanswered"] = unanswered_text
 
 
 def cookie_path(request: Request) -> str:

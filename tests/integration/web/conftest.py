@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,9 +130,17 @@ def fresh_world(web: Web) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def server(web: Web) -> Iterator[str]:
     """``saga serve`` on a free port, ready (``/health/ready``), stopped by its PID."""
+    with serving({**web.env, "SAGA_APP": "tasks.app:saga"}, web.deployment.data) as url:
+        yield url
+
+
+@contextmanager
+def serving(deployment_env: dict[str, str], data: Path) -> Iterator[str]:
+    """``saga serve`` over ``deployment_env`` on a free port, ready, stopped by its PID; its
+    output in ``data/serve.log``."""
     port = free_port()
-    env = {**os.environ, **web.env, "SAGA_APP": "tasks.app:saga", "SAGA_API_HOST": "127.0.0.1"}
-    log = (web.deployment.data / "serve.log").open("wb")
+    env = {**os.environ, **deployment_env, "SAGA_API_HOST": "127.0.0.1"}
+    log = (data / "serve.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "saga.cli", "serve", "--port", str(port)],
         env=env,
