@@ -18,13 +18,19 @@ if redis.call('EXISTS', KEYS[7]) == 1 then return {'busy'} end
 -- seen the store answer, without a gap longer than ARGV[6] ms, for ARGV[5] ms in which the
 -- last asker showed no life (a live one's renewal takes the lease back and ends the claim,
 -- turn_lease.lua). A gap (the store away again, from this delivery's view) starts it over.
+-- One delivery fences at a time; a claim whose delivery stopped asking is taken over.
 local asker = redis.call('HGET', AGENT, ARGV[1] .. ':asker')
 if asker and asker ~= ARGV[3] and tonumber(ARGV[5] or '0') > 0 then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local who, first, last = string.match(
     redis.call('HGET', AGENT, ARGV[1] .. ':claim') or '', '^(%S+) (%d+) (%d+)$')
-  if who ~= ARGV[3] or now - tonumber(last) > tonumber(ARGV[6]) then first = now end
+  local watching = who and now - tonumber(last) <= tonumber(ARGV[6])
+  -- Another delivery is fencing the asker already (a redelivery beside a revival): it asks
+  -- once its fence is over, and this one waits for that answer. Taking its claim over would
+  -- start both fences again, and two deliveries doing so in turn would never ask at all.
+  if watching and who ~= ARGV[3] then return {'busy'} end
+  if not watching then first = now end
   first = tonumber(first)
   if now - first < tonumber(ARGV[5]) then
     redis.call('HSET', AGENT, ARGV[1] .. ':claim', ARGV[3] .. ' ' .. first .. ' ' .. now)

@@ -289,6 +289,36 @@ def test_an_asker_whose_lease_ran_out_while_the_store_was_away_is_fenced_not_ask
     assert store.ask_model(run_id, 1, 5.0, "a-redelivery", fence=fence) == "fenced"
 
 
+def test_one_delivery_fences_at_a_time_and_the_others_wait_for_its_answer(
+    world: Saga,
+) -> None:
+    """Two deliveries find the asker's lease run out (a redelivery beside a revival): the
+    first claims the fence, the second waits (busy) instead of taking the claim over, which
+    would start both fences again and, in turn, never let either ask. A claim whose delivery
+    stopped asking for longer than the gap is taken over."""
+    run_id = start(world, "review_credit_then_done")
+    store = world.store
+    fence = AskerFence(seconds=0.4, gap_seconds=1.5)
+    assert store.ask_model(run_id, 1, 5.0, "the-asker") == "ok"
+    store.client.delete(turn_lease_key(run_id, 1))
+    assert store.ask_model(run_id, 1, 5.0, "the-first", fence=fence) == "fenced"
+    assert store.ask_model(run_id, 1, 5.0, "the-second", fence=fence) == "busy"
+    time.sleep(0.45)
+    assert store.ask_model(run_id, 1, 5.0, "the-second", fence=fence) == "busy"
+    assert store.ask_model(run_id, 1, 5.0, "the-first", fence=fence) == "ok"
+    assert store.ask_model(run_id, 1, 5.0, "the-second", fence=fence) == "busy"  # the lease
+
+    # The first asker dies too; its own fencer stops asking: the second takes the claim over.
+    store.client.delete(turn_lease_key(run_id, 1))
+    assert store.ask_model(run_id, 1, 5.0, "the-third", fence=fence) == "fenced"
+    time.sleep(1.6)  # the third stopped watching for longer than the gap
+    assert store.ask_model(run_id, 1, 5.0, "the-second", fence=fence) == "fenced"
+    time.sleep(0.45)
+    assert store.ask_model(run_id, 1, 5.0, "the-second", fence=fence) == "ok"
+    state = LoopState.parse(world.picture(run_id).agent)
+    assert state is not None and state.asked == {1: 3}
+
+
 def test_a_fence_seen_with_a_gap_starts_over(world: Saga) -> None:
     """A delivery that did not see the store for longer than the fence's gap (the store away
     again, from its view) has not watched the asker for the fence: it starts over."""
