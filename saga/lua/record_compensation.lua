@@ -48,8 +48,11 @@ elseif to == 'failed' and outcome == 'revoke' and cs == 'running' and ARGV[4] ~=
   -- attempt waiting ('busy') until it has run out.
   redis.call('HSET', COMPS, n .. ':state', to, n .. ':error', ARGV[3], n .. ':at', NOW_S)
 elseif to == 'failed' then
-  redis.call('HSET', COMPS, n .. ':state', to, n .. ':error', ARGV[3], n .. ':at', NOW_S,
-    n .. ':claim', '')
+  redis.call('HSET', COMPS, n .. ':state', to, n .. ':error', ARGV[3], n .. ':at', NOW_S)
+  -- Only the running execution's claim ends here. A message that never began (revoked in the
+  -- queue) leaves alone a claim an earlier execution, revoked while running, still holds: its
+  -- lease keeps the next requeued attempt from undoing beside it.
+  if cs == 'running' then redis.call('HSET', COMPS, n .. ':claim', '') end
   keep_error(ARGV[3])
 else  -- retry: the claim is released for the next attempt; who retried is kept for a repeat
   redis.call('HSET', COMPS, n .. ':state', to, n .. ':error', ARGV[3], n .. ':claim', '',

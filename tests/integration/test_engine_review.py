@@ -614,6 +614,32 @@ def test_a_requeue_waits_for_the_lease_of_an_undo_revoked_while_running(h: Harne
     assert h.world.reversals == [f"{run_id}:1:undo"]
 
 
+def test_a_requeued_undo_revoked_in_the_queue_keeps_the_running_executions_lease(
+    h: Harness,
+) -> None:
+    """Found by the model check: an undo revoked (terminate) while it ran keeps its lease; a
+    requeue's message revoked before it began fails the undo again, and must not end that
+    lease with it: the next requeue's attempt still waits ('busy') for the first execution."""
+    run_id = h.start()
+    issued(h, run_id)
+    h.saga.abort(run_id, "cancelled")
+    undo = h.take(REVERSE)
+    store = h.saga.store
+    assert store.begin_compensation(run_id, 1, "first", undo.task_id, "abort", 30.0).status == "run"
+    on_revoked(h.saga.core, revoke_request(undo), terminated=True)
+    h.drain()
+    h.saga.requeue_failed_compensations(run_id)
+    on_revoked(h.saga.core, revoke_request(h.take(REVERSE)), terminated=False)
+    h.drain()
+    assert h.saga.picture(run_id).state is RunState.ESCALATED
+
+    h.saga.requeue_failed_compensations(run_id)
+    owner = h.saga.picture(run_id).extra["owner"]
+    assert store.begin_compensation(run_id, 1, "third", "t3", owner, 30.0).status == "busy"
+    store.record_compensation(run_id, 1, "fail", {"message": "killed"}, claim="first")
+    assert store.begin_compensation(run_id, 1, "third", "t3", owner, 30.0).status == "run"
+
+
 def test_an_undo_revoked_while_running_frees_its_lease_when_it_reports(h: Harness) -> None:
     """Found by the model check: the revoked execution ends (it reports its failure); it runs
     no more, so a requeued attempt must not wait for its lease, and its late report must not

@@ -123,6 +123,24 @@ ENGINE_OLD_DEFECTS: dict[str, list[tuple[str, dict[str, object]]]] = {
         ("fault", {"kind": "crash_after_conclusion"}),
         ("settle", {}),
     ],
+    # concurrent-undo-distinct-tasks: an undo revoked (terminate) while it ran keeps its lease;
+    # a requeue's message revoked in the queue failed it again and ended that lease, so the
+    # next requeue's attempt ran the undo beside the first execution.
+    "a queued revoke ends the lease of an undo still running": [
+        ("start_runs", {"count": 2, "undo_failures": 0}),
+        ("dispatch", {"run": 0, "tool": "issue_credit"}),
+        ("settle", {}),
+        ("dispatch", {"run": 0, "tool": "issue_credit"}),
+        ("broker", {"action": "revoke", "pick": 0}),
+        ("start_delivery", {"pick": 1}),
+        ("revoke_terminate", {"pick": 0}),
+        ("settle", {}),
+        ("requeue", {"fix": False, "run": 0}),
+        ("broker", {"action": "revoke", "pick": 0}),
+        ("settle", {}),
+        ("requeue", {"fix": False, "run": 0}),
+        ("settle", {}),
+    ],
 }
 
 
