@@ -235,24 +235,30 @@ def _wait_for_sync(port: int, timeout: float = 30.0) -> None:
 
 
 def measure_pass(
-    args: argparse.Namespace, durable: bool, replicated: bool = False
+    args: argparse.Namespace, durable: bool, replicated: bool = False, split: bool = False
 ) -> dict[str, Any]:
     """One pass (its own Redis, database, worker and DBOS drivers): every mode's figures.
     ``replicated``: durable, with a replica that confirms saga's writes that count
-    (``SAGA_REDIS_CONFIRM_REPLICAS=1``); saga alone runs, for the confirmation's cost."""
+    (``SAGA_REDIS_CONFIRM_REPLICAS=1``); saga alone runs, for the confirmation's cost.
+    ``split``: durable, the broker and results on a Redis of their own without an AOF (its
+    CPU is ``broker``; the commands counted are the store's alone)."""
     import redis
 
     from saga.testing import RedisServer, WorkerProcess
 
     persistence = ("--appendonly", "yes", "--appendfsync", "always") if durable else ()
     server = RedisServer("--appendonly", "no", *persistence).start()
+    broker = RedisServer("--appendonly", "no").start() if split else None
     replica = None
     if replicated:
         replica = RedisServer("--replicaof", "127.0.0.1", str(server.port), *persistence)
         replica.start()
         _wait_for_sync(replica.port)
     pg_url, drop_database = postgres_database(args.postgres, durable)
-    env = costs.bench_environment(server.url, "saga-peers-")
+    if broker is not None:
+        env = costs.bench_environment(broker.url, "saga-peers-", store_url=server.url)
+    else:
+        env = costs.bench_environment(server.url, "saga-peers-")
     if replicated:
         env["SAGA_REDIS_CONFIRM_REPLICAS"] = os.environ["SAGA_REDIS_CONFIRM_REPLICAS"] = "1"
     tmp = Path(env["SAGA_DEMO_DATA"]).parent
@@ -283,10 +289,17 @@ def measure_pass(
         pg_cpu = backend_cpu(pg_url)
         meter = costs.Meter(
             client,
-            {"worker": worker.pid, **{name: p.process.pid for name, p in peers.items()}},
+            {
+                "worker": worker.pid,
+                **{name: p.process.pid for name, p in peers.items()},
+                **({"broker": broker.process.pid} if broker and broker.process else {}),
+            },
             {"postgres": pg_cpu},
         )
-        modes = ["saga", "dbos-pg"] if durable else ["bare", "saga", "dbos-pg", "dbos-sqlite"]
+        # The bare chain on the same Redis is each pass's ceiling: Celery with no saga at all.
+        modes = (
+            ["bare", "saga", "dbos-pg"] if durable else ["bare", "saga", "dbos-pg", "dbos-sqlite"]
+        )
         if replicated:
             modes = ["saga"]
         modes = [m for m in modes if m in ("bare", "saga") or m in peers]
@@ -307,14 +320,19 @@ def measure_pass(
         client.close()
         if replica is not None:
             replica.stop()
+        if broker is not None:
+            broker.stop()
         server.stop()
         drop_database()
 
 
+#: Each pass runs in a process of its own (the saga app binds its Redis at import).
+PASSES = ("normal", "durable", "replicated", "split")
+
 #: Which processes' CPU counts for each contender (the caller is this process's drivers).
 _CPU_OF = {
-    "bare": ("caller", "worker", "redis"),
-    "saga": ("caller", "worker", "redis"),
+    "bare": ("caller", "worker", "redis", "broker"),
+    "saga": ("caller", "worker", "redis", "broker"),
     "dbos-pg": ("dbos-pg", "postgres"),
     "dbos-sqlite": ("dbos-sqlite",),
 }
@@ -326,7 +344,8 @@ def summarise(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     for key, entry in results.items():
         mode = key.rsplit("-", 1)[0]
         runs = entry["runs"]
-        row = {f"{name} ms": 1000 * entry["cpu"].get(name, 0.0) / runs for name in _CPU_OF[mode]}
+        names = [name for name in _CPU_OF[mode] if name in entry["cpu"]]
+        row = {f"{name} ms": 1000 * entry["cpu"][name] / runs for name in names}
         row["cpu ms"] = sum(row.values())
         if mode in ("bare", "saga"):
             row["redis cmds"] = entry["commands"] / runs
@@ -350,9 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="Celery worker pool size")
     parser.add_argument("--inflight", type=int, default=8, help="runs driven at once")
     parser.add_argument("--solo", type=int, default=15, help="solo runs for latency")
-    parser.add_argument(
-        "--pass", dest="only", choices=("normal", "durable", "replicated"), default=None
-    )
+    parser.add_argument("--pass", dest="only", choices=PASSES, default=None)
     parser.add_argument("--json", action="store_true", help="print the pass's figures as JSON")
     parser.add_argument("--without-dbos", action="store_true", help="bare and saga only")
     args = parser.parse_args(argv)
@@ -360,15 +377,17 @@ def main(argv: list[str] | None = None) -> int:
     if not PEERS_PYTHON.exists() and not args.without_dbos:
         parser.error(f"{PEERS_PYTHON} is missing: make bench-peers creates it")
     if args.only:  # one pass, in a process of its own (the saga app binds its Redis at import)
-        durable = args.only in ("durable", "replicated")
-        table = summarise(measure_pass(args, durable, args.only == "replicated"))
+        durable = args.only != "normal"
+        table = summarise(
+            measure_pass(args, durable, args.only == "replicated", args.only == "split")
+        )
         if args.json:
             print(json.dumps(table))
         else:
             render(f"{args.only} pass, per run:", table)
         return 0
     tables = {}
-    for name in ("normal", "durable", "replicated"):
+    for name in PASSES:
         command = [sys.executable, __file__, "--pass", name, "--json"]
         command += ["--without-dbos"] if args.without_dbos else []
         command += [f"--runs={args.runs}", f"--rounds={args.rounds}", f"--solo={args.solo}"]
@@ -387,7 +406,12 @@ def main(argv: list[str] | None = None) -> int:
         "replicated (durable, one replica confirming each write that counts: WAIT):",
         tables["replicated"],
     )
+    render(
+        "split (durable store; the broker and results on a Redis of their own without an AOF):",
+        tables["split"],
+    )
     normal, durable, replicated = tables["normal"], tables["durable"], tables["replicated"]
+    split = tables["split"]
 
     def confirmation(path: str, what: str) -> float:
         return replicated[f"saga-{path}"][what] / durable[f"saga-{path}"][what]
@@ -417,6 +441,14 @@ def main(argv: list[str] | None = None) -> int:
         f"fail {ratio(normal, 'fail', 'bare', 'cpu ms'):.2f}; "
         f"ceiling bare/dbos-pg happy {ceiling(normal, 'happy'):.2f} "
         f"fail {ceiling(normal, 'fail'):.2f}"
+    )
+    print(
+        f"durable: saga/bare happy {ratio(durable, 'happy', 'bare', 'runs/s'):.2f} "
+        f"fail {ratio(durable, 'fail', 'bare', 'runs/s'):.2f}; "
+        f"ceiling bare/dbos-pg happy {ceiling(durable, 'happy'):.2f} "
+        f"fail {ceiling(durable, 'fail'):.2f}; "
+        f"split saga/dbos-pg happy {ratio(split, 'happy', 'dbos-pg', 'runs/s'):.2f} "
+        f"fail {ratio(split, 'fail', 'dbos-pg', 'runs/s'):.2f}"
     )
     return 0
 
