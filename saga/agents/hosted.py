@@ -246,6 +246,10 @@ def _ask(
             # Kept in hand: should recording it fail (Redis away, or no replica holding it in
             # time, and then a failover), the replay records this answer, never asks again.
             delivery.answer = answer.with_usable_call_ids(turn)
+            # Answered, not recorded: a delivery that dies here leaves the turn unanswered, and
+            # its redelivery asks the model again (which may answer differently: the drill's
+            # ``model_differs_on_replay``). Nothing of this answer may act before it is recorded.
+            _strike(core, "after_model_call", agent.name)
         recorded = turns.record_answer(run_id, turn, delivery.answer, hold.token)
         return recorded
     except ModelCallError as exc:

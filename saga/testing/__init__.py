@@ -8,7 +8,8 @@ tests against a real worker; these make that cheap:
 - ``fake_models``: a scripted model that answers in each wire format saga speaks, through the
   SDK's own transport or on a loopback port the workers reach;
 - ``drill``: one scenario replayed once per fault, judged by the tools' ``verify``
-  (``Drill``; ``saga drill`` on the command line);
+  (``Drill``; ``saga drill`` on the command line); ``drill_hosted``: a hosted agent, played
+  by a fake model's script, as the scenario (``HostedScenario``, ``HostedDrill``);
 - ``plugin``: the pytest plugin (fixtures ``saga_app``, ``saga_worker``, ``saga_faults``,
   ``saga_model``, ``saga_drill``, ...), loaded by ``pip install saga-compensation``. See
   ``docs/testing.md``.
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 # kit loads no worker process code until a name is used.
 if TYPE_CHECKING:
     from saga.testing.drill import Drill, DrillReport
+    from saga.testing.drill_hosted import HostedDrill, HostedScenario
     from saga.testing.faults import (
         FAULT_POINTS,
         FAULTS_ENV,
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "Drill": "saga.testing.drill",
     "DrillReport": "saga.testing.drill",
+    "HostedDrill": "saga.testing.drill_hosted",
+    "HostedScenario": "saga.testing.drill_hosted",
     "FAULT_POINTS": "saga.testing.faults",
     "FAULTS_ENV": "saga.testing.faults",
     "TOOL_POINTS": "saga.testing.faults",
@@ -71,6 +75,8 @@ __all__ = [
     "FAULT_POINTS",
     "TOOL_POINTS",
     "Faults",
+    "HostedDrill",
+    "HostedScenario",
     "RedisServer",
     "ToolFaults",
     "WorkerProcess",

@@ -11,14 +11,16 @@ the run aborted after each step and while each step's effect is under way
 (``saga.testing.drill_plan``).
 
 Each case is judged by what the tools' systems say, not by saga's own word
-(``saga.testing.drill_judge``); ``saga.testing.drill_report`` renders the result.
+(``saga.testing.drill_judge``); ``saga.testing.drill_report`` renders the result. A hosted
+agent, its model played by a fake model's script, is a scenario too
+(``saga.testing.drill_hosted``), whose model turns meet ``model_differs_on_replay``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from saga.constants import TURN_QUEUE, tool_task_name
@@ -84,6 +86,8 @@ class DrillReport:
     #: Cases planned but left out by ``max_cases``.
     skipped: int = 0
     seed: int = 0
+    #: What the drill could not plan, and why (a model turn with no safe variant, ...).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def mismatches(self) -> list[Mismatch]:
@@ -180,9 +184,10 @@ class Drill:
             why = clean.raised or clean.reason or "; ".join(map(str, clean.mismatches))
             raise DrillError(f"the clean run of {self.name} ended {clean.end_state}: {why}")
         planned = self._steps(clean.run_id)
-        if not planned:
+        every, notes = self._plan(planned, clean)
+        if not every:
             raise DrillError(f"{self.name} made no calls")
-        cases = [f for f in plan(planned, self.saga) if f.kind in wanted]
+        cases = [f for f in every if f.kind in wanted]
         chosen = sample(cases, max_cases, seed)
         report = DrillReport(
             scenario=self.name,
@@ -190,7 +195,10 @@ class Drill:
             cases=[clean],
             skipped=len(cases) - len(chosen),
             seed=seed,
+            notes=notes,
         )
+        for note in notes:
+            self.progress(f"drill: {note}")
         pivot = pivot_of(planned)
         at = f", the pivot at step {pivot}" if pivot else ", no pivot"
         self.progress(f"drill: {len(planned)} steps{at}, {len(chosen)} of {len(cases)} cases")
@@ -203,6 +211,11 @@ class Drill:
                 f"({result.seconds:.1f} s)"
             )
         return report
+
+    def _plan(self, steps: list[PlannedStep], clean: CaseResult) -> tuple[list[Fault], list[str]]:
+        """Every case of the scenario, and what could not be planned (a driven scenario: its
+        steps' and undos' cases; nothing is left out)."""
+        return plan(steps, self.saga), []
 
     def _steps(self, run_id: str) -> list[PlannedStep]:
         picture = self.saga.picture(run_id)
@@ -239,6 +252,11 @@ class Drill:
             result.hits = None if rule is None else self.faults.hits(rule)
         finally:
             self.faults.clear()
+        return self.conclude(result, picture, started)
+
+    def conclude(self, result: CaseResult, picture: RunPicture, started: float) -> CaseResult:
+        """The case judged: its end, whether its fault struck, each step by the world."""
+        fault = result.fault
         result.end_state, result.reason = picture.state.value, picture.reason
         if not picture.state.ended:
             what = f"the run did not end within {self.timeout:.0f} s ({picture.state.value})"

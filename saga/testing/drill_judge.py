@@ -40,6 +40,8 @@ class Mismatch:
     what: str
 
     def __str__(self) -> str:
+        if not self.step and not self.tool:  # the case's own (a run that did not end, ...)
+            return f"{self.fault}: {self.what}"
         return f"{self.fault}: step {self.step} ({self.tool}): {self.what}"
 
 

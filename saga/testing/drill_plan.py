@@ -26,6 +26,7 @@ KINDS = (
     "undo_delivered_twice",
     "aborted_after",
     "aborted_mid_effect",
+    "model_differs_on_replay",
 )
 #: What a kind means, for the reports.
 MEANINGS = {
@@ -41,9 +42,13 @@ MEANINGS = {
     "undo_delivered_twice": "the undo's message is delivered again while its effect is under way",
     "aborted_after": "the run is aborted after this step",
     "aborted_mid_effect": "the run is aborted while this step's effect is under way",
+    "model_differs_on_replay": "the turn's delivery dies once the model answered, before the "
+    "answer is recorded; asked again, the model answers differently",
 }
 #: The kinds that strike an undo (the run aborted after the last step before the pivot).
 UNDO_KINDS = frozenset(k for k in KINDS if k.startswith("undo_"))
+#: The kinds that strike a hosted run's model turn, not a step (``saga.testing.drill_turns``).
+TURN_KINDS = frozenset({"model_differs_on_replay"})
 #: The kinds where the drill itself sends a copy of a message the workers already have.
 DUPLICATE_KINDS = frozenset({"delivered_twice", "undo_delivered_twice"})
 #: Seconds a delivery is held after its effect, before its outcome is recorded, while the
@@ -64,12 +69,15 @@ class Fault:
     times: int = 1
     #: Abort the run once this many calls were made (0: let the scenario run to its end).
     abort_after: int = 0
+    #: The model turn it strikes (a turn kind; ``tool`` is then the agent's name).
+    turn: int = 0
 
     @property
     def name(self) -> str:
-        return (
-            "clean run" if self.kind == "none" else f"{self.kind} @ step {self.step} ({self.tool})"
-        )
+        if self.kind == "none":
+            return "clean run"
+        at = f"turn {self.turn}" if self.turn else f"step {self.step}"
+        return f"{self.kind} @ {at} ({self.tool})"
 
 
 @dataclass(frozen=True)

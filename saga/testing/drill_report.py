@@ -26,6 +26,7 @@ def to_json(report: DrillReport) -> dict[str, Any]:
         "ok": report.ok,
         "seed": report.seed,
         "skipped": report.skipped,
+        "notes": report.notes,
         "steps": [{"step": p, "tool": t, "class": c} for p, t, c in report.steps],
         "pivot": report.pivot,
         "cases": [
@@ -93,6 +94,7 @@ def to_text(report: DrillReport) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines += ["", LEGEND, "", _summary(report)]
     lines += [f"  MISMATCH {m}" for m in report.mismatches]
+    lines += [f"  note: {note}" for note in report.notes]
     return "\n".join(lines)
 
 
@@ -107,10 +109,16 @@ def to_markdown(report: DrillReport) -> str:
     if report.mismatches:
         lines += ["", "#### Mismatches", ""]
         lines += [f"- {_described(c)}" for c in report.cases if c.mismatches]
+    if report.notes:
+        lines += ["", "#### Not planned", ""]
+        lines += [f"- {note}" for note in report.notes]
     return "\n".join(lines) + "\n"
 
 
 def _described(case: CaseResult) -> str:
-    what = "; ".join(f"step {m.step} ({m.tool}): {m.what}" for m in case.mismatches)
+    what = "; ".join(
+        f"step {m.step} ({m.tool}): {m.what}" if m.step or m.tool else m.what
+        for m in case.mismatches
+    )
     meaning = MEANINGS.get(case.fault.kind, "")
     return f"**{case.fault.name}** ({meaning}; run `{case.run_id}` ended {case.end_state}): {what}"

@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,8 +47,12 @@ def drill_session(
     concurrency: int = 2,
     time_limit: int = 5,
     log: Callable[[str], None] = lambda line: None,
+    env: Mapping[str, str] | None = None,
+    check: Callable[[Saga], None] | None = None,
 ) -> Iterator[tuple[Saga, WorkerProcess]]:
-    """The app imported against a private Redis, and a worker on it."""
+    """The app imported against a private Redis, and a worker on it; ``env`` more of the
+    worker's environment (a served fake model's, ``FakeModel.environ``); ``check`` is told the
+    app before the worker starts (a bad argument fails fast)."""
     from saga.constants import TURN_QUEUE
     from saga.engine import Saga
 
@@ -58,7 +62,8 @@ def drill_session(
         with server:
             url = f"{server.url}/0"
             path = os.pathsep.join(p for p in (str(cwd), os.environ.get("PYTHONPATH", "")) if p)
-            env = {
+            environ = {
+                **(env or {}),
                 "SAGA_REDIS_URL": url,
                 "SAGA_BROKER_URL": url,
                 "SAGA_RESULT_BACKEND": url,
@@ -67,7 +72,7 @@ def drill_session(
                 "SAGA_TASK_TIME_LIMIT": str(time_limit),
                 "PYTHONPATH": path,
             }
-            os.environ.update(env)  # before the app is imported: its settings read them
+            os.environ.update(environ)  # before the app is imported: its settings read them
             if str(cwd) not in sys.path:
                 sys.path.insert(0, str(cwd))
             saga = load(app_spec, "--app")
@@ -77,10 +82,12 @@ def drill_session(
                 raise ConfigurationError(
                     f"{app_spec} was imported before the drill set SAGA_REDIS_URL"
                 )
+            if check is not None:
+                check(saga)
             queues = f"{saga.app.conf.task_default_queue or 'celery'},{TURN_QUEUE}"
             worker = WorkerProcess(
                 app_spec.partition(":")[0],
-                env=env,
+                env=environ,
                 concurrency=concurrency,
                 extra_args=["-Q", queues],
                 logfile=directory / "worker.log",

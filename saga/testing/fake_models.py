@@ -15,7 +15,11 @@ One handler answers OpenAI Chat Completions (``/chat/completions``), OpenAI Resp
 
 The answer to a request is the script's step numbered by how many answers of the model the
 request already carries, as ``ScriptedPolicy`` does: a redelivered turn or a second worker
-gets the same answer for the same conversation.
+gets the same answer for the same conversation. Unless ``play(script, replays={i: step})``
+says otherwise: then a second ask for step ``i`` (a turn asked again after its first answer
+was lost, ``saga drill``'s ``model_differs_on_replay``) gets ``step``, as a real model, asked
+the same thing twice, may answer differently. The model counts asks since ``play``: it
+serves one conversation at a time that way.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeAlias
@@ -58,23 +62,49 @@ Step: TypeAlias = (
 )
 
 
+@dataclass(frozen=True)
+class Answered:
+    """What the model answered one request: the script step's position, whether it was a
+    second (or later) ask for that step, and the calls or text it gave (``failed``: an HTTP
+    error instead)."""
+
+    index: int
+    again: bool
+    calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+    text: str = ""
+    failed: bool = False
+
+
 class FakeModel:
     """A model that plays ``script``; ``requests`` keeps every request body it answered (in
-    this process, whichever process sent it), ``usage`` is reported on every answer."""
+    this process, whichever process sent it) and ``answered`` what it said to each,
+    ``usage`` is reported on every answer."""
 
     def __init__(self, script: Sequence[Step] = (), *, usage: tuple[int, int] = (12, 7)) -> None:
         self.script: list[Step] = list(script)
+        self.replays: dict[int, Step] = {}
         self.usage = usage
         self.requests: list[dict[str, Any]] = []
+        self.answered: list[Answered] = []
+        self._asked: dict[int, int] = {}
         #: Where ``serve()`` answers, while it does.
         self.url = ""
         self._lock = threading.Lock()
 
-    def play(self, script: Sequence[Step]) -> None:
-        """Start over with another script (the served port stays the same)."""
+    def play(self, script: Sequence[Step], *, replays: Mapping[int, Step] | None = None) -> None:
+        """Start over with another script (the served port stays the same); ``replays[i]``
+        answers a second ask for step ``i`` (0-based: the ask carrying ``i`` answers)."""
         with self._lock:
             self.script = list(script)
+            self.replays = dict(replays or {})
             self.requests.clear()
+            self.answered.clear()
+            self._asked.clear()
+
+    def asks(self, index: int) -> list[Answered]:
+        """What the model answered each ask for step ``index`` since ``play``, in order."""
+        with self._lock:
+            return [a for a in self.answered if a.index == index]
 
     # -- the handler ---------------------------------------------------------------------------
 
@@ -88,22 +118,32 @@ class FakeModel:
         with self._lock:
             self.requests.append(body)
             index = _answers_in(fmt, body)
+            again = self._asked.get(index, 0) > 0
+            self._asked[index] = self._asked.get(index, 0) + 1
             script = list(self.script)
+            replay = self.replays.get(index) if again else None
         if index >= len(script):
             message = f"the fake model's script has {len(script)} answer(s); #{index + 1} asked"
+            self._log(Answered(index, again, failed=True))
             return httpx.Response(400, json={"error": {"message": message, "type": "script"}})
-        step = script[index]
+        step = script[index] if replay is None else replay
         if callable(step):
             step = step(body)
         if isinstance(step, ModelFailure):
+            self._log(Answered(index, again, failed=True))
             headers = {} if step.retry_after is None else {"retry-after": str(step.retry_after)}
             error = {"type": "error", "error": {"message": step.message, "type": "fake"}}
             return httpx.Response(step.status, json=error, headers=headers)
-        calls = _calls(step)
+        calls = calls_of(step)
         text = step if isinstance(step, str) else ""
+        self._log(Answered(index, again, tuple(calls), text))
         model = str(body.get("model") or "fake-model")
         answer = _RENDER[fmt](index, model, text, calls, self.usage)
         return httpx.Response(200, json=answer)
+
+    def _log(self, answered: Answered) -> None:
+        with self._lock:
+            self.answered.append(answered)
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
@@ -168,7 +208,8 @@ def _handler_for(model: FakeModel) -> type[BaseHTTPRequestHandler]:
 # -- the three formats ---------------------------------------------------------------------------
 
 
-def _calls(step: Any) -> list[tuple[str, dict[str, Any]]]:
+def calls_of(step: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The calls a script step answers with (none for a final text)."""
     if isinstance(step, str):
         return []
     if isinstance(step, tuple) and len(step) == 2 and isinstance(step[0], str):

@@ -36,6 +36,7 @@ import pytest
 if TYPE_CHECKING:
     from saga.engine import Saga
     from saga.testing.drill import DrillReport, Scenario
+    from saga.testing.drill_hosted import HostedScenario
     from saga.testing.fake_models import FakeModel
     from saga.testing.faults import Faults
     from saga.testing.processes import WorkerProcess
@@ -273,18 +274,22 @@ def saga_faults(saga_app: Saga) -> Iterator[Faults]:
 class SagaDrill:
     """``saga_drill(scenario)``: the drill (``saga.testing.drill``) on the session's worker;
     fails the test with the fault x outcome matrix on any mismatch. ``.run(...)`` returns the
-    report without failing."""
+    report without failing. A ``HostedScenario`` is played by its agent, its model the
+    session's ``saga_model`` (``saga.testing.drill_hosted``)."""
 
-    def __init__(self, saga: Saga, worker: WorkerProcess, config: pytest.Config) -> None:
+    def __init__(
+        self, saga: Saga, worker: WorkerProcess, config: pytest.Config, model: FakeModel
+    ) -> None:
         self.saga = saga
         self.worker = worker
+        self.model = model
         max_cases = _option(config, "saga_drill_max_cases")
         self.max_cases = int(max_cases) if max_cases else None
         self.seed = int(_option(config, "saga_drill_seed") or 0)
 
     def run(
         self,
-        scenario: Scenario,
+        scenario: Scenario | HostedScenario,
         *,
         max_cases: int | None = None,
         seed: int | None = None,
@@ -293,15 +298,24 @@ class SagaDrill:
     ) -> DrillReport:
         # Imported on use: the plugin loads with every test session.
         from saga.testing.drill import Drill
+        from saga.testing.drill_hosted import HostedDrill, HostedScenario
 
-        drill = Drill(self.saga, scenario, timeout=timeout, progress=print, worker=self.worker)
-        return drill.run(
-            max_cases=self.max_cases if max_cases is None else max_cases,
-            seed=self.seed if seed is None else seed,
-            kinds=kinds,
+        options: dict[str, Any] = {"timeout": timeout, "progress": print, "worker": self.worker}
+        drill = (
+            HostedDrill(self.saga, scenario, self.model, **options)
+            if isinstance(scenario, HostedScenario)
+            else Drill(self.saga, scenario, **options)
         )
+        try:
+            return drill.run(
+                max_cases=self.max_cases if max_cases is None else max_cases,
+                seed=self.seed if seed is None else seed,
+                kinds=kinds,
+            )
+        finally:
+            self.model.play([])  # the session's model, as the next test expects to find it
 
-    def __call__(self, scenario: Scenario, **options: Any) -> DrillReport:
+    def __call__(self, scenario: Scenario | HostedScenario, **options: Any) -> DrillReport:
         # Imported on use: the plugin loads with every test session.
         from saga.testing.drill_report import to_text
 
@@ -313,9 +327,13 @@ class SagaDrill:
 
 @pytest.fixture
 def saga_drill(
-    saga_app: Saga, saga_worker: WorkerProcess, pytestconfig: pytest.Config
+    saga_app: Saga,
+    saga_worker: WorkerProcess,
+    pytestconfig: pytest.Config,
+    _saga_model_server: FakeModel,
 ) -> SagaDrill:
-    """Replay a scenario (a function taking a ``Run``) once per fault on the session's worker
-    and judge each run by the tools' ``verify``: ``saga_drill(scenario, max_cases=8, seed=1)``
-    fails the test on any mismatch; ``saga_drill.run(...)`` returns the report."""
-    return SagaDrill(saga_app, saga_worker, pytestconfig)
+    """Replay a scenario (a function taking a ``Run``, or a ``HostedScenario``: an agent, its
+    input and its model's script) once per fault on the session's worker and judge each run
+    by the tools' ``verify``: ``saga_drill(scenario, max_cases=8, seed=1)`` fails the test on
+    any mismatch; ``saga_drill.run(...)`` returns the report."""
+    return SagaDrill(saga_app, saga_worker, pytestconfig, _saga_model_server)

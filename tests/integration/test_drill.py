@@ -162,3 +162,65 @@ def test_the_example_drills_itself_with_the_plugin_fixture() -> None:
     done = pytest_in(EXAMPLE, "-rA")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "1 passed, 1 xfailed" in done.stdout
+
+
+HOSTED = ["--app", "tests.integration.drill_agents:saga", "--input", "Refund order 4921."]
+HOSTED += [
+    "--model-script",
+    "tests.integration.drill_agents:SCRIPT",
+    "--setup",
+    "tasks.systems:reset",
+]
+
+
+def test_a_hosted_agent_with_an_approval_passes_its_model_answering_differently(
+    tmp_path: Path,
+) -> None:
+    # When the agent is drilled, its model answering each turn differently when asked again
+    # (the reply, which waits for a person, given as a variant), and its run aborted after
+    # each step and a write delivered twice
+    args = [
+        *HOSTED,
+        "--agent",
+        "approving",
+        "--variants",
+        "tests.integration.drill_agents:VARIANTS",
+    ]
+    for kind in ("model_differs_on_replay", "aborted_after", "delivered_twice"):
+        args += ["--fault", kind]
+    done = saga_drill(
+        ROOT, *args, "--json", str(tmp_path / "drill.json"), SAGA_DEMO_DATA=str(tmp_path / "data")
+    )
+
+    # Then every case agrees with the world, and each turn's replayed ask was the one acted on
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "drill.json").read_text())
+    assert [s["tool"] for s in report["steps"]] == ["get_order", "issue_credit", "send_reply"]
+    cases = {c["fault"]["name"]: c for c in report["cases"]}
+    replayed = [n for n in cases if n.startswith("model_differs_on_replay")]
+    assert replayed == [f"model_differs_on_replay @ turn {t} (approving)" for t in (1, 2, 3)]
+    assert all(
+        cases[n]["end_state"] == "completed" and cases[n]["fault_hits"] >= 1 for n in replayed
+    )
+    assert len(cases) == 1 + 3 + 3 + 2 and report["ok"] is True and report["notes"] == []
+
+
+def test_a_model_gateway_that_answers_a_replayed_turn_from_its_cache_is_caught(
+    tmp_path: Path,
+) -> None:
+    # When the agent behind a caching gateway is drilled on one turn asked again
+    args = [*HOSTED, "--agent", "cached", "--fault", "model_differs_on_replay"]
+    done = saga_drill(
+        ROOT, *args, "--max-cases", "1", "--seed", "1", SAGA_DEMO_DATA=str(tmp_path / "data")
+    )
+
+    # Then the drill says the model was never asked again: the case tested nothing
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-3000:]
+    assert "was not asked again after its answer was lost" in done.stdout
+    assert "  MISMATCH model_differs_on_replay @ turn " in done.stdout
+
+
+def test_an_agent_the_app_does_not_host_is_a_usage_error(tmp_path: Path) -> None:
+    done = saga_drill(ROOT, *HOSTED, "--agent", "nobody", SAGA_DEMO_DATA=str(tmp_path / "data"))
+    assert done.returncode == 2, done.stdout[-4000:] + done.stderr[-3000:]
+    assert "--agent 'nobody': the app hosts no such agent" in done.stderr

@@ -40,7 +40,7 @@ def test_the_example_project_passes_its_own_tests_with_only_the_plugin() -> None
 
     # Then every one of its tests passed, faults and fake model included
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "8 passed" in done.stdout
+    assert "9 passed" in done.stdout
 
 
 def test_a_given_redis_is_used_at_its_database_and_a_missing_app_is_explained(

@@ -304,7 +304,7 @@ def test_the_command_takes_a_scenario_or_a_recorded_run() -> None:
         result = CliRunner().invoke(cli, args)
         assert (
             result.exit_code == 2
-            and "--scenario MODULE:FUNCTION or --from-run RUN" in result.output
+            and "--scenario MODULE:FUNCTION, --from-run RUN or --agent NAME" in result.output
         )
     shown = CliRunner().invoke(cli, ["drill", "--help"]).output
     assert "--from-run RUN" in shown and "delivered twice" in shown and "--setup" in shown
