@@ -590,18 +590,26 @@ def test_a_terminate_revoke_waits_for_the_lease_before_asking_the_lookup(h: Harn
     assert h.world.reversals == [f"{run_id}:{step}:undo"]
 
 
-def test_a_requeue_waits_for_the_lease_of_an_undo_revoked_while_running(h: Harness) -> None:
-    """Found by the model check: an undo revoked while it ran may still be undoing; the run
-    escalates, and a requeue's attempt waits ('busy') until that lease ran out, instead of
-    running the same undo beside it."""
+def revoked_while_undoing(h: Harness, lease: float, terminated: bool) -> str:
+    """A run whose only undo (of step 1) began under the claim "first" with ``lease`` seconds,
+    then was revoked while running; its unwind settled. Its run id."""
     run_id = h.start()
     issued(h, run_id)
     h.saga.abort(run_id, "cancelled")
     undo = h.take(REVERSE)
-    store = h.saga.store
-    assert store.begin_compensation(run_id, 1, "first", undo.task_id, "abort", 0.5).status == "run"
-    on_revoked(h.saga.core, revoke_request(undo), terminated=True)
+    began = h.saga.store.begin_compensation(run_id, 1, "first", undo.task_id, "abort", lease)
+    assert began.status == "run"
+    on_revoked(h.saga.core, revoke_request(undo), terminated=terminated)
     h.drain()
+    return run_id
+
+
+def test_a_requeue_waits_for_the_lease_of_an_undo_revoked_while_running(h: Harness) -> None:
+    """Found by the model check: an undo revoked while it ran may still be undoing; the run
+    escalates, and a requeue's attempt waits ('busy') until that lease ran out, instead of
+    running the same undo beside it."""
+    run_id = revoked_while_undoing(h, 0.5, terminated=True)
+    store = h.saga.store
     assert h.saga.picture(run_id).state is RunState.ESCALATED
 
     h.saga.requeue_failed_compensations(run_id)
@@ -620,14 +628,8 @@ def test_a_requeued_undo_revoked_in_the_queue_keeps_the_running_executions_lease
     """Found by the model check: an undo revoked (terminate) while it ran keeps its lease; a
     requeue's message revoked before it began fails the undo again, and must not end that
     lease with it: the next requeue's attempt still waits ('busy') for the first execution."""
-    run_id = h.start()
-    issued(h, run_id)
-    h.saga.abort(run_id, "cancelled")
-    undo = h.take(REVERSE)
+    run_id = revoked_while_undoing(h, 30.0, terminated=True)
     store = h.saga.store
-    assert store.begin_compensation(run_id, 1, "first", undo.task_id, "abort", 30.0).status == "run"
-    on_revoked(h.saga.core, revoke_request(undo), terminated=True)
-    h.drain()
     h.saga.requeue_failed_compensations(run_id)
     on_revoked(h.saga.core, revoke_request(h.take(REVERSE)), terminated=False)
     h.drain()
@@ -644,14 +646,8 @@ def test_an_undo_revoked_while_running_frees_its_lease_when_it_reports(h: Harnes
     """Found by the model check: the revoked execution ends (it reports its failure); it runs
     no more, so a requeued attempt must not wait for its lease, and its late report must not
     fail the requeued undo."""
-    run_id = h.start()
-    issued(h, run_id)
-    h.saga.abort(run_id, "cancelled")
-    undo = h.take(REVERSE)
+    run_id = revoked_while_undoing(h, 30.0, terminated=False)
     store = h.saga.store
-    assert store.begin_compensation(run_id, 1, "first", undo.task_id, "abort", 30.0).status == "run"
-    on_revoked(h.saga.core, revoke_request(undo), terminated=False)
-    h.drain()
     h.saga.requeue_failed_compensations(run_id)
 
     late = store.record_compensation(run_id, 1, "fail", {"message": "late"}, claim="first")
