@@ -6,7 +6,9 @@ With each count open, the benchmark's happy runs (``benchmarks/steps.py``, K in 
 prefork worker) are driven and metered: CPU per step (caller, worker and Redis, from /proc and
 INFO), Redis commands per step (INFO commandstats), and solo latency per step. Then the
 reaper's pass is timed against the same open runs (none of them due: it reads only the due
-ones), and Redis's memory is read per open run and per recorded step.
+ones), and Redis's memory is read per open run and per recorded step. The broker and results
+are on a Redis of their own (``broker``), so ``redis`` is the store alone: its CPU per run is
+what one shard spends, and ``1000 /`` that is the shard's ceiling in runs/s (``store:`` line).
 
 Flat is the goal: nothing on the hot path may scan every run. The last line:
 ``scale: per-step cpu at 10000 open runs / at 10: X.XX``.
@@ -50,9 +52,12 @@ def open_runs(saga: Any, count: int, pool: ThreadPoolExecutor) -> None:
     list(pool.map(one, range(count)))
 
 
-def measure(saga: Any, client: Any, worker_pid: int, args: argparse.Namespace) -> dict[str, float]:
-    """Per step, with whatever is open now: CPU ms by process and in all, commands, solo ms."""
-    meter = costs.Meter(client, {"worker": worker_pid})
+def measure(
+    saga: Any, client: Any, pids: dict[str, int], args: argparse.Namespace
+) -> dict[str, float]:
+    """Per step, with whatever is open now: CPU ms by process and in all, the store's commands,
+    solo ms."""
+    meter = costs.Meter(client, pids)
     pool = ThreadPoolExecutor(max_workers=args.inflight)
     try:
         list(pool.map(lambda i: steps.drive_saga(saga, i, False, TIMEOUT), range(args.inflight)))
@@ -98,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     from saga.testing import RedisServer, WorkerProcess
 
     server = RedisServer("--appendonly", "no").start()
-    env = costs.bench_environment(server.url, "saga-scale-")
+    broker = RedisServer("--appendonly", "no").start()
+    assert broker.process is not None
+    env = costs.bench_environment(broker.url, "saga-scale-", store_url=server.url)
     tmp = Path(env["SAGA_DEMO_DATA"]).parent
     from tasks import systems
 
@@ -122,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                     count - opened
                 )
             opened = count
-            rows[count] = measure(saga, client, worker.pid, args)
+            pids = {"worker": worker.pid, "broker": broker.process.pid}
+            rows[count] = measure(saga, client, pids, args)
             rows[count]["reaper pass ms"] = reaper_pass(saga)
         opener.shutdown()
         memory["per step (a run's 4 steps, recorded and ended)"] = per_step_memory(saga, client)
@@ -134,12 +142,19 @@ def main(argv: list[str] | None = None) -> int:
         systems.dispose_engines()
         client.close()
         server.stop()
+        broker.stop()
     print(f"per step, {args.runs} happy runs driven ({args.inflight} in flight) per count")
     for count, row in rows.items():
         cells = "  ".join(f"{name} {value:.2f}" for name, value in row.items())
         print(f"  {count:>6} open: {cells}")
     for what, value in memory.items():
         print(f"redis memory {what}: {value:.0f} bytes")
+    store_ms = {count: row["redis ms"] * STEPS_PER_RUN for count, row in rows.items()}
+    cells = ", ".join(
+        f"{ms:.2f} ms at {count} open (ceiling {1000 / ms:.0f} runs/s)"
+        for count, ms in store_ms.items()
+    )
+    print(f"store: redis cpu per happy run, the store alone: {cells}")
     ratio = rows[counts[-1]]["cpu ms"] / rows[counts[0]]["cpu ms"]
     print(f"scale: per-step cpu at {counts[-1]} open runs / at {counts[0]}: {ratio:.2f}")
     return 0
