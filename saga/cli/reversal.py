@@ -9,11 +9,17 @@ that very undo: if it changed since it was shown, the answer is refused.
 
 from __future__ import annotations
 
+import json
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from saga.cli.context import Env, bad_state, emit_json, not_found
 from saga.cli.operate import by_option
 from saga.validation import check_run_id
+
+if TYPE_CHECKING:
+    from saga.picture import RunPicture
 
 
 @click.command()
@@ -46,19 +52,11 @@ def reversal(
     picture = env.store.picture(run_id)
     if picture is None:
         not_found(f"no run {run_id} in Redis")
-    asked = waiting_for_a_person(picture)
     if decision is None:
         if as_json:
-            emit_json({"run_id": run_id, "asked": asked})
-        elif not asked:
-            env.console.print(f"run {run_id}: no undo waits for a person")
-        for question in asked if not as_json else []:
-            env.console.print(
-                f"run {run_id} step {question['step']}: {question['description']} "
-                f"({question['tool']} {question['args']}); answer before "
-                f"{question['until']:.0f} (Redis clock) with --hash {question['args_hash']}",
-                soft_wrap=True,
-            )
+            emit_json({"run_id": run_id, "asked": waiting_for_a_person(picture)})
+        else:
+            _show_questions(env, picture)
         return
     if step is None:
         raise click.UsageError("name the STEP whose undo you decide about")
@@ -79,3 +77,36 @@ def reversal(
         emit_json(result)
         return
     env.console.print(f"run {run_id} step {step}: {decision} by {by}; the run is {after.state}")
+
+
+def _show_questions(env: Env, picture: RunPicture) -> None:
+    """Each question as the escalation card shows it: what would be undone and with what, why
+    a person is asked, since and until when, earlier answers, and the commands that answer."""
+    # Imported on use: `saga --help` loads none of a command's imports.
+    from saga.escalations.questions import answer_commands, question_docs
+
+    questions = question_docs(picture)
+    if not questions:
+        env.console.print(f"run {picture.run_id}: no undo waits for a person")
+    for question in questions:
+        commands = answer_commands(picture.run_id, question, env.command())
+        args = json.dumps(question["args"], ensure_ascii=False, sort_keys=True)
+        lines = [
+            f"run {picture.run_id} step {question['step']}: {question['tool']} {args}",
+            f"  undoes: {question['description'] or '(no description)'}",
+            f"  why a person is asked: {question['why']}",
+            f"  asked {question['asked_at']}, answer before {question['until']} (UTC, Redis clock)",
+            f"  hash: {question['args_hash']}",
+        ]
+        lines += [f"  earlier answer: {_said(d)}" for d in question["decisions"]]
+        lines += [
+            f"  reverse now: {commands['reverse']}",
+            f"  keep it:     {commands['keep']}",
+            f"  ask later:   {commands['later']}",
+        ]
+        env.console.print("\n".join(lines), soft_wrap=True, markup=False, highlight=False)
+
+
+def _said(decision: dict[str, Any]) -> str:
+    note = f": {decision['note']}" if decision.get("note") else ""
+    return f"{decision.get('decision', '?')} by {decision.get('by') or 'unknown'}{note}"

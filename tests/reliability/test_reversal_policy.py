@@ -127,6 +127,11 @@ def test_later_puts_the_question_off_and_the_same_question_is_answered_after(
     later = _undo(env.saga, run, 2)
     assert later.state is CompensationState.ASKED and later.ask_expires > asked.ask_expires
     assert [d["decision"] for d in later.decisions] == ["later"]
+    shown = _saga_cli(env, "reversal", run.run_id)  # the question, with its earlier answer
+    assert shown.returncode == 0, shown.stderr
+    assert "why a person is asked:" in shown.stdout
+    assert "earlier answer: later by ada" in shown.stdout
+    assert f"--reverse --hash {later.ask_hash}" in shown.stdout
     env.saga.decide_reversal(run.run_id, 2, "reverse", args_hash=later.ask_hash, by="bob")
     assert run.wait(timeout=30).state is RunState.COMPENSATED
     assert [d["decision"] for d in _undo(env.saga, run, 2).decisions] == ["later", "reverse"]
