@@ -62,6 +62,8 @@ LEASE_MARGIN_SECONDS = 2.0
 _DEFAULT_TIME_LIMIT = 300.0
 #: Seconds past a run's retention before the reaper checks its keys are gone.
 _EXPIRY_MARGIN = 60.0
+#: How soon the reaper tells the listeners again of a question one of them failed to take.
+RETELL_SECONDS = 30.0
 
 
 class Core(Dispatcher):
@@ -118,12 +120,24 @@ class Core(Dispatcher):
         """An undo's reversal policy asks a person, and the unwind waits at it: tell the
         listeners (the notifier sends the question's notices). Called by every delivery that
         finds the question open, a redelivery too (a listener acts once per question). Never
-        raises: the question waits whatever a listener does, and escalates if unanswered."""
+        raises: the question waits whatever a listener does, and escalates if unanswered.
+
+        A listener that failed (the notices' database away) is told again by the reaper,
+        brought forward to ``RETELL_SECONDS`` from now: no delivery comes back to an open
+        question, and a person must not first hear of it when it expires."""
+        told = True
         for listener in self.listeners:
             try:
                 listener.reversal_asked(run_id, step)
             except Exception:
+                told = False
                 logger.exception("run %s: listener failed on the question of step %d", run_id, step)
+        if not told:
+            try:
+                self.store.schedule_sooner(run_id, self.store.now() + RETELL_SECONDS)
+            except StoreUnavailableError:
+                logger.warning("run %s: the question of step %d is told again at its expiry",
+                               run_id, step)  # fmt: skip
 
     def revive_idle(self, run_id: str) -> bool:
         """The reaper's question before abandoning an idle run: does a listener resume it?"""

@@ -201,8 +201,10 @@ def _awaits_a_person(core: Core, picture: RunPicture, now: float, report: ReapRe
     if not asked:
         return False
     run_id = picture.run_id
+    waiting = []
     for undo in asked:
         if undo.ask_expires is not None and undo.ask_expires > now:
+            waiting.append(undo.step)
             continue
         owner = f"reaper:{uuid.uuid4().hex[:8]}"
         note = "nobody answered before the question expired"
@@ -214,6 +216,11 @@ def _awaits_a_person(core: Core, picture: RunPicture, now: float, report: ReapRe
             return True
     soonest = min((u.ask_expires for u in asked if u.ask_expires is not None), default=now + 60)
     core.store.schedule(run_id, soonest)
+    for step in waiting:
+        # Looked at before the question expires: told again, for a listener that failed to
+        # take it (the notices' database away; failing again, it brings this look forward
+        # again). Once per question: a listener that took it does nothing more.
+        core.reversal_asked(run_id, step)
     return True
 
 

@@ -9,6 +9,7 @@ apart, a change to the loop does not touch the saga's core transitions.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from saga.constants import turn_lease_key
 from saga.store_scripts import Outcome, StoreCore, reachable
@@ -30,6 +31,10 @@ class AskerFence:
 
 class TurnScripts(StoreCore):
     """The store's scripts of a hosted agent's turns and approvals."""
+
+    if TYPE_CHECKING:  # the run indexes' (``RunStore`` has both)
+
+        def schedule_sooner(self, run_id: str, at: float) -> None: ...
 
     def ask_model(
         self,
@@ -128,14 +133,7 @@ class TurnScripts(StoreCore):
         outcome = self._call("adopt_deadline", run_id, deadline)
         if outcome.status != "ok":
             return False
-        with reachable("adopt_deadline"):
-            # Sooner only (ZADD LT needs Redis 6.2); a look that comes early is harmless: the
-            # reaper reads the run's own deadline and schedules the next.
-            due = float(outcome.values[0]) + deadline
-            key = self.layout.active_of(run_id)
-            current = self.client.zscore(key, run_id)
-            if current is None or due < float(current):
-                self.client.zadd(key, {run_id: due})
+        self.schedule_sooner(run_id, float(outcome.values[0]) + deadline)
         return True
 
     def count_revival(self, run_id: str) -> int:
