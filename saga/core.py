@@ -37,7 +37,7 @@ from saga.errors import (
     UnknownRunError,
 )
 from saga.fault_points import FaultPoints, faults_enabled
-from saga.hooks import RunListener, SagaHooks
+from saga.hooks import RunListeners, SagaHooks
 from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
 from saga.records import EscalationRecord, RecordStore
@@ -87,7 +87,7 @@ class Core(Dispatcher):
             self.faults = FaultPoints(self.store.client)
         #: Told when steps settle, when the reaper finds a run idle and when a run escalates
         #: (the hosted loop, the notifier: the facade registers them).
-        self.listeners: list[RunListener] = []
+        self.listeners = RunListeners()
         #: What this caller knows against what the workers run (``saga.tool_hosts``).
         self.caller_tools = CallerTools(self.store.client, lambda: [t.name for t in registry])
         #: The object the app's module holds (its ``Saga``, which sets this): what a printed
@@ -110,11 +110,7 @@ class Core(Dispatcher):
 
         ``turn_done``: what the script that recorded it found about the hosted turn the step
         belongs to (the turn it completed, or 0), or None if it did not look."""
-        for listener in self.listeners:
-            try:
-                listener.step_settled(run_id, step, turn_done)
-            except Exception:
-                logger.exception("run %s: listener failed on step %d settling", run_id, step)
+        self.listeners.step_settled(run_id, step, turn_done)
 
     def reversal_asked(self, run_id: str, step: int) -> None:
         """An undo's reversal policy asks a person, and the unwind waits at it: tell the
@@ -125,14 +121,7 @@ class Core(Dispatcher):
         A listener that failed (the notices' database away) is told again by the reaper,
         brought forward to ``RETELL_SECONDS`` from now: no delivery comes back to an open
         question, and a person must not first hear of it when it expires."""
-        told = True
-        for listener in self.listeners:
-            try:
-                listener.reversal_asked(run_id, step)
-            except Exception:
-                told = False
-                logger.exception("run %s: listener failed on the question of step %d", run_id, step)
-        if not told:
+        if not self.listeners.reversal_asked(run_id, step):
             try:
                 self.store.schedule_sooner(run_id, self.store.now() + RETELL_SECONDS)
             except StoreUnavailableError:
@@ -141,13 +130,7 @@ class Core(Dispatcher):
 
     def revive_idle(self, run_id: str) -> bool:
         """The reaper's question before abandoning an idle run: does a listener resume it?"""
-        for listener in self.listeners:
-            try:
-                if listener.run_idle(run_id):
-                    return True
-            except Exception:
-                logger.exception("run %s: listener failed to revive it", run_id)
-        return False
+        return self.listeners.run_idle(run_id)
 
     def picture(self, run_id: str) -> RunPicture:
         picture = self.store.picture(run_id)

@@ -7,8 +7,12 @@ and does not undo the recording: the record in the database is the source of tru
 
 from __future__ import annotations
 
+import logging
+
 from saga.picture import RunPicture
 from saga.records import EscalationRecord
+
+logger = logging.getLogger("saga")
 
 
 class SagaHooks:
@@ -50,3 +54,37 @@ class RunListener:
         """A person must take over: the escalation's row is written, the run not yet marked
         recorded. What this raises leaves the run unrecorded, so it is recorded (and this
         called) again: a notice is written at least once."""
+
+
+class RunListeners(list[RunListener]):
+    """The listeners the core tells of a run's moves, each told whatever another did: what one
+    raises is logged and dropped here (each call is repeated by a redelivery or the reaper).
+    ``run_escalated`` is not told through here: what it raises must reach the recording."""
+
+    def step_settled(self, run_id: str, step: int, turn_done: int | None = None) -> None:
+        for listener in self:
+            try:
+                listener.step_settled(run_id, step, turn_done)
+            except Exception:
+                logger.exception("run %s: listener failed on step %d settling", run_id, step)
+
+    def reversal_asked(self, run_id: str, step: int) -> bool:
+        """Whether every listener took the question."""
+        told = True
+        for listener in self:
+            try:
+                listener.reversal_asked(run_id, step)
+            except Exception:
+                told = False
+                logger.exception("run %s: listener failed on the question of step %d", run_id, step)
+        return told
+
+    def run_idle(self, run_id: str) -> bool:
+        """Whether a listener set the idle run moving again (the others are not asked)."""
+        for listener in self:
+            try:
+                if listener.run_idle(run_id):
+                    return True
+            except Exception:
+                logger.exception("run %s: listener failed to revive it", run_id)
+        return False
