@@ -24,6 +24,7 @@ from saga.errors import (
     UnknownRunError,
 )
 from saga.model import StepState, ToolClass
+from saga.picture import StepRecord
 from saga.settings import Settings
 from saga.stack import RunStore
 from saga.tool_hosts import CallerTools
@@ -90,23 +91,36 @@ class Dispatcher:
             self._unsend(run_id, step, tool_name, exc)
             raise
         try:
-            self.app.send_task(
-                tool_task_name(tool_name),
-                kwargs={"run_id": run_id, "step": step, "args": wire_args},
-                task_id=f"{run_id}:{step}",
-                # The outcome lives in the saga store: no result backend subscription (a
-                # SUBSCRIBE and an UNSUBSCRIBE per step). What Flower shows of the arguments is
-                # the JSON already encoded, not a second, recursive repr of them.
-                ignore_result=True,
-                argsrepr="()",
-                kwargsrepr=f"{{'run_id': {run_id!r}, 'step': {step}, 'args': {args_json[:_REPR]}}}",
-                **self._publish_options(tool_task_name(tool_name)),
-            )
+            self._send_step(run_id, step, tool_name, wire_args, args_json)
         except Exception as exc:
             if self._unsend(run_id, step, tool_name, exc):
                 return step
             raise DispatchError(f"the broker did not take {tool_name}: {exc}") from exc
         return step
+
+    def resend(self, run_id: str, record: StepRecord) -> None:
+        """Send the message of a step no delivery began once more, as it was first sent (same
+        task id, same arguments): the reaper's, when the broker lost it (one without
+        persistence, restarted). A second copy that does arrive is a replay: the task's
+        check-before-run runs the step once."""
+        args_json = payload.dumps(record.args, what=f"arguments of {record.tool}", limit=1 << 62)
+        self._send_step(run_id, record.step, record.tool, record.args, args_json)
+
+    def _send_step(
+        self, run_id: str, step: int, tool_name: str, wire_args: Any, args_json: str
+    ) -> None:
+        self.app.send_task(
+            tool_task_name(tool_name),
+            kwargs={"run_id": run_id, "step": step, "args": wire_args},
+            task_id=f"{run_id}:{step}",
+            # The outcome lives in the saga store: no result backend subscription (a
+            # SUBSCRIBE and an UNSUBSCRIBE per step). What Flower shows of the arguments is
+            # the JSON already encoded, not a second, recursive repr of them.
+            ignore_result=True,
+            argsrepr="()",
+            kwargsrepr=f"{{'run_id': {run_id!r}, 'step': {step}, 'args': {args_json[:_REPR]}}}",
+            **self._publish_options(tool_task_name(tool_name)),
+        )
 
     def _unsend(self, run_id: str, step: int, tool_name: str, exc: Exception) -> bool:
         """Release a step whose message was not sent (the broker refused it, or its

@@ -11,6 +11,11 @@ run, when to look next (its deadline past its last change; for an ended run, whe
 expire). Each due run is handled on its own: one it cannot read is logged, escalated and looked
 at again later, and the others are still reaped.
 
+A step no delivery began by its run's deadline is sent again, once, before it is judged
+never started: the store holds every step's call, so a broker that lost its queued messages (one
+without persistence, restarted: the split topology of ``docs/deployment.md``) loses no run. An
+unwind's chain is sent again by the take-over, a hosted loop's turn by its revival.
+
 What SQL recorded is never overruled by a store that went back in time (a failover to a
 replica that had not received the last writes, an old master that resynced): before the reaper
 acts on a run (reconciles a step, abandons, takes over an unwind, records an end) it checks that
@@ -27,6 +32,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kombu.exceptions import OperationalError as BrokerUnavailableError
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
@@ -51,6 +57,9 @@ _RETRY_BROKEN = 300.0
 #: confirmed in time): then as soon as the next pass. Waiting five minutes would leave a run
 #: whose abort stood on the master unconfirmed "unwinding" with no chain sent for that long.
 _RETRY_STORE_AWAY = 1.0
+#: How many times a step no delivery began is sent again (``_sent_again``) before it is
+#: judged never started: each waits a deadline.
+STEP_RESENDS = 1
 
 
 @dataclass
@@ -61,6 +70,8 @@ class ReapReport:
     forgotten: int = 0
     abandoned: list[str] = field(default_factory=list)
     never_started: list[tuple[str, int]] = field(default_factory=list)
+    #: Steps no delivery began by the deadline, whose message was sent again: (run id, step).
+    resent: list[tuple[str, int]] = field(default_factory=list)
     in_doubt: list[tuple[str, int, str]] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
     recorded: list[str] = field(default_factory=list)
@@ -264,13 +275,15 @@ def _behind_records(
     return True
 
 
-#: Errors that say a store is unreachable for now, not that this run's data is wrong.
+#: Errors that say a store (or the broker) is unreachable for now, not that this run's data
+#: is wrong.
 _AWAY = (
     OperationalError,
     InterfaceError,
     DisconnectionError,
     PoolTimeoutError,
     StoreUnavailableError,
+    BrokerUnavailableError,
 )
 
 
@@ -286,7 +299,8 @@ def _broken(
         # (A record the database refuses for good, a value too long or a missing table, is
         # not "away": retrying alone would never end, so it is escalated below.)
         logger.error("reaper: run %s waits for %s", run_id, message)
-        retry = _RETRY_STORE_AWAY if isinstance(exc, StoreUnavailableError) else _RETRY_BROKEN
+        soon = isinstance(exc, StoreUnavailableError | BrokerUnavailableError)
+        retry = _RETRY_STORE_AWAY if soon else _RETRY_BROKEN
         with contextlib.suppress(StoreUnavailableError):
             core.store.schedule(run_id, now + retry)
         return
@@ -345,6 +359,40 @@ def _found_anyway(core: Core, picture: RunPicture, step: int) -> bool:
         return False
 
 
+def _sent_again(core: Core, picture: RunPicture, step: int, idle: int, report: ReapReport) -> bool:
+    """Whether the step's message is sent again instead of the step being judged never
+    started: a broker without persistence (the split topology of ``docs/deployment.md``)
+    loses its queued messages when it restarts, and the store, which holds every step's call,
+    is what can send them again. Only for a run still going forward (an unwinding run's
+    queued step would be skipped anyway), and at most ``STEP_RESENDS`` times: a step still not
+    begun a deadline later (a queue no worker consumes) is judged never started."""
+    run_id = picture.run_id
+    if picture.state is not RunState.RUNNING:
+        return False
+    counted = core.store.count_resend(run_id, step, STEP_RESENDS)
+    if counted.status == "state":  # a delivery began it since the picture was read
+        return True
+    if counted.status != "sent":
+        return False
+    record = picture.step(step)
+    try:
+        core.resend(run_id, record)
+    except Exception:
+        # The broker away: the send does not count, and the run is looked at again at the next
+        # pass (``_broken``: the broker's errors are "away", not the run's fault).
+        core.store.count_resend(run_id, step, STEP_RESENDS, take_back=True)
+        raise
+    logger.warning(
+        "run %s: step %d (%s) not begun %ds after its last change: its message is sent again",
+        run_id,
+        step,
+        record.tool,
+        idle,
+    )
+    report.resent.append((run_id, step))
+    return True
+
+
 def _resolve_step(
     core: Core, picture: RunPicture, step: int, idle: int, report: ReapReport
 ) -> None:
@@ -358,6 +406,8 @@ def _resolve_step(
         marked = core.store.mark_in_doubt(run_id, step, error, respect_lease=True)
         if marked.status == "in_doubt" and str(marked.values[0]) == "0":
             report.in_doubt.append((run_id, step, reconcile(core, run_id, step)))
+        return
+    if state is StepState.DISPATCHED and _sent_again(core, picture, step, idle, report):
         return
     if state is StepState.DISPATCHED:
         # Never started, by this picture. The script refuses the verdict if a delivery has

@@ -74,6 +74,7 @@ _SCRIPTS = (
     "request_approval",
     "expire_approval",
     "count_revival",
+    "count_resend",
     "adopt_deadline",
     "decide_reversal",
 )

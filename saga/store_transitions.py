@@ -60,6 +60,15 @@ class RunTransitions(StoreCore):
         state a delivery already moved it to (the message got through after all)."""
         return self._call("release", run_id, step, _error_json(error), step=step)
 
+    def count_resend(
+        self, run_id: str, step: int, most: int, *, take_back: bool = False
+    ) -> Outcome:
+        """The reaper sends a step's message again (no delivery began it): ``sent`` with how many
+        times now, ``spent`` once it was sent ``most`` times, ``state`` if it is no longer
+        ``dispatched`` (a delivery began it meanwhile: nothing to send). ``take_back``: the
+        send failed (the broker away), so it does not count."""
+        return self._call("count_resend", run_id, step, most, -1 if take_back else 1)
+
     def begin_step(
         self, run_id: str, step: int, tool: str, args_json: str, claim: str, lease: float
     ) -> Outcome:

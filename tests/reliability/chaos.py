@@ -652,6 +652,7 @@ class Chaos:
                 self.reaped["abandoned"] += len(report.abandoned)
                 self.reaped["in_doubt"] += len(report.in_doubt)
                 self.reaped["never_started"] += len(report.never_started)
+                self.reaped["resent"] += len(report.resent)
                 self.reaped["resumed"] += len(report.resumed)
                 for run_id in report.resumed:
                     self.reaped_runs.setdefault(run_id, []).append("resumed")
@@ -659,6 +660,8 @@ class Chaos:
                     self.reaped_runs.setdefault(run_id, []).append(f"step {step} {verdict}")
                 for run_id, step in report.never_started:
                     self.reaped_runs.setdefault(run_id, []).append(f"step {step} never started")
+                for run_id, step in report.resent:
+                    self.reaped_runs.setdefault(run_id, []).append(f"step {step} sent again")
 
     def answer_questions(self) -> None:
         """A person at the console: the undos that ask (refunds of costly charges) are

@@ -39,6 +39,9 @@ class Private:
     faults: Faults
     data: Path
     workers: list[WorkerProcess] = field(default_factory=list)
+    #: The broker's and results' own Redis, without persistence (``private(broker=True)``):
+    #: the split topology of docs/deployment.md. None: the store's Redis is the broker too.
+    broker: RedisServer | None = None
 
     @property
     def url(self) -> str:
@@ -61,6 +64,13 @@ class Private:
         """SIGKILL Redis and start it again on the same port and files (AOF replay)."""
         self.redis.kill()
         self.redis.start()
+
+    def restart_broker(self) -> None:
+        """SIGKILL the broker's own Redis and start it again: with no persistence, it comes
+        back empty (every queued message lost)."""
+        assert self.broker is not None, "private(broker=True) gives the broker a Redis of its own"
+        self.broker.kill()
+        self.broker.start()
 
 
 def _app(url: str, visibility_timeout: int) -> Celery:
@@ -92,6 +102,7 @@ def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
         visibility_timeout: int = VISIBILITY_TIMEOUT,
         extra_env: dict[str, str] | None = None,
         max_redeliveries: int = Settings.max_redeliveries,
+        broker: bool = False,
     ) -> Private:
         from tasks import systems
         from tasks.tools import tools
@@ -100,10 +111,15 @@ def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
         data.mkdir()
         redis_server = RedisServer(*redis_args, directory=data / "redis").start()
         url = redis_server.url + "/0"
+        broker_server = None
+        if broker:
+            broker_args = ("--appendonly", "no")
+            broker_server = RedisServer(*broker_args, directory=data / "broker").start()
+        broker_url = url if broker_server is None else broker_server.url + "/0"
         env = {
             "SAGA_REDIS_URL": url,
-            "SAGA_BROKER_URL": url,
-            "SAGA_RESULT_BACKEND": url,
+            "SAGA_BROKER_URL": broker_url,
+            "SAGA_RESULT_BACKEND": broker_url,
             "SAGA_DEMO_DATA": str(data),
             "SAGA_DATABASE_URL": f"sqlite:///{data / 'saga.db'}",
             "SAGA_VISIBILITY_TIMEOUT": str(visibility_timeout),
@@ -122,10 +138,11 @@ def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
             run_deadline_seconds=run_deadline,
             max_redeliveries=max_redeliveries,
         )
-        saga = Saga(_app(url, visibility_timeout), registry or tools, settings)
+        saga = Saga(_app(broker_url, visibility_timeout), registry or tools, settings)
         systems.reset()
         assert saga.faults is not None  # the workers strike; the test writes the rules
-        private = Private(redis_server, env, saga, Faults(saga.store.client), data)
+        faults = Faults(saga.store.client)
+        private = Private(redis_server, env, saga, faults, data, broker=broker_server)
         made.append(private)
         return private
 
@@ -140,5 +157,7 @@ def private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
         if private.saga.core._records is not None:
             private.saga.records.dispose()
         private.redis.stop()
+        if private.broker is not None:
+            private.broker.stop()
     systems.dispose_engines()
     os.environ.pop("SAGA_TESTING_FAULTS", None)

@@ -650,6 +650,8 @@ class Engine:
             done.setdefault(run_id, []).append("reaper-abandoned")
         for run_id, _step in report.never_started:
             done.setdefault(run_id, []).append("reaper-never-started")
+        for run_id, _step in report.resent:
+            done.setdefault(run_id, []).append("reaper-resent")
         for run_id, _step, _verdict in report.in_doubt:
             done.setdefault(run_id, []).append("reaper-in-doubt")
         for run_id in report.resumed:
@@ -1444,7 +1446,14 @@ RUN = st.integers(0, 1)
 #: caller (not a worker, which retries) that saw a store error, or a delivery killed by the
 #: hard time limit (Celery acks it and nothing in the task reports: its lease runs out and
 #: the reaper settles the step).
-LOSSES = ("revoke", "publish-refused", "conclude-given-up", "lost-reply-client", "time-limit-kill")
+LOSSES = (
+    "revoke",
+    "publish-refused",
+    "conclude-given-up",
+    "lost-reply-client",
+    "time-limit-kill",
+    "lost-message",
+)
 #: Faults that can rightly make a compensation fail (use up its attempts, record it failed):
 #: after one of these on a run, a requeue of that run may end escalated again.
 SPOILERS = ("crash", "revoke", "tool-fail", "duplicate", "ack-lost", "lost-reply")
@@ -1936,13 +1945,14 @@ class ModelCheck(RuleBasedStateMachine):
         self.order(delivery, Command.CRASH_AFTER if after_effect else Command.CRASH_BEFORE)
 
     @precondition(lambda self: bool(self.ready or self.unacked))
-    @rule(action=st.sampled_from(["redeliver", "duplicate", "revoke"]), pick=PICK)
+    @rule(action=st.sampled_from(["redeliver", "duplicate", "revoke", "lose"]), pick=PICK)
     @step
     def broker(self, action: str, pick: int) -> None:
         """The broker acts on a queued message: ``redeliver`` an unacked one (visibility
         timeout, a standby worker's restore); ``duplicate`` one (a publish retried after a
         lost confirm); ``revoke`` one not running (the worker discards it, and every later
-        copy of its id, and announces the revoke with terminated=False)."""
+        copy of its id, and announces the revoke with terminated=False); ``lose`` one (a
+        broker without persistence restarted: nobody is told, only the store remembers)."""
         if action == "redeliver":
             if self.unacked:
                 message = self.pop(self.unacked, pick)
@@ -1964,6 +1974,12 @@ class ModelCheck(RuleBasedStateMachine):
             for queue in (self.ready, self.unacked):
                 if message in queue:
                     queue.remove(message)
+        if action == "lose":
+            self.touch(message.info.run_id, "lost-message")
+            self.say(f"{message.label()} lost by the broker")
+            alive = {d.message.task_id for d in self.deliveries}
+            self.engine.dead_lease_ran_out(message.info, message.task_id, alive)
+            return
         self.revoked_ids.add(message.task_id)
         self.touch(message.info.run_id, "revoke")
         self.say(f"{message.label()} revoked")

@@ -340,11 +340,15 @@ def test_poison_messages_are_refused_and_the_worker_carries_on(
     assert not marker.exists()  # the pickle was never loaded
     assert held.state() is StepState.DISPATCHED  # the pickle copy never ran the step
     assert [e["idempotency_key"] for e in credits()] == [f"{run.run_id}:2"]
-    # The step its message never reached is closed by the reaper as never started
-    never_started = wait_until(lambda: env.saga.reap().never_started, timeout=15, what="reap")
-    assert never_started == [(victim.run_id, step)]
+    # The step its message never reached is sent again by the reaper, from the store, and
+    # runs once; its run, whose caller is gone, is abandoned and the credit reversed
+    resent = wait_until(lambda: env.saga.reap().resent, timeout=15, what="reap")
+    assert resent == [(victim.run_id, step)]
+    assert held.result(timeout=30)["credit_id"]
+    wait_until(lambda: env.saga.reap().abandoned, timeout=15, what="abandon")
     assert victim.wait(timeout=30).state is RunState.COMPENSATED
-    assert len(credits()) == 1 and reversals() == []
+    assert [e["idempotency_key"] for e in credits()] == [f"{run.run_id}:2", held.idempotency_key]
+    assert [e["idempotency_key"] for e in reversals()] == [f"{held.idempotency_key}:undo"]
 
 
 # -- 5. The start-up guard ---------------------------------------------------------------------

@@ -154,3 +154,28 @@ def test_model_check_replays_the_old_defects_without_a_violation(defect: str) ->
     with modelcheck.quiet_logs(), modelcheck.running():
         violation, transcript = program.replay()
     assert violation is None, "\n".join(transcript)
+
+
+@pytest.mark.timeout(120)
+def test_model_check_sends_a_step_the_broker_lost_again() -> None:
+    """The broker loses a queued step (a Redis without persistence, restarted): the reaper
+    sends it again at the deadline, and the run goes on to complete with its effect once."""
+    redis_server_installed()
+    from tests.reliability import modelcheck
+
+    program = modelcheck.Program(
+        [
+            ("start_runs", {"count": 1, "undo_failures": 0}),
+            ("dispatch", {"run": 0, "tool": "issue_credit"}),
+            ("broker", {"action": "lose", "pick": 0}),
+            ("reap", {"clock": "past_deadline"}),
+            ("settle", {}),
+            ("end_run", {"run": 0, "how": "complete"}),
+        ]
+    )
+    with modelcheck.quiet_logs(), modelcheck.running():
+        violation, transcript = program.replay()
+    story = "\n".join(transcript)
+    assert violation is None, story
+    assert "lost by the broker" in story and "reaper-resent" in story, story
+    assert "completed" in story, story
