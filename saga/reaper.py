@@ -11,10 +11,11 @@ run, when to look next (its deadline past its last change; for an ended run, whe
 expire). Each due run is handled on its own: one it cannot read is logged, escalated and looked
 at again later, and the others are still reaped.
 
-A step no delivery began by its run's deadline is sent again, once, before it is judged
-never started: the store holds every step's call, so a broker that lost its queued messages (one
-without persistence, restarted: the split topology of ``docs/deployment.md``) loses no run. An
-unwind's chain is sent again by the take-over, a hosted loop's turn by its revival.
+A step no delivery is on by its run's deadline (none began it, or its retry never came) is
+sent again, once, before it is judged (never started, or in doubt): the store holds every
+step's call, so a broker that lost its queued messages (one without persistence, restarted:
+the split topology of ``docs/deployment.md``) loses no run. An unwind's chain is sent again by
+the take-over, a hosted loop's turn by its revival.
 
 What SQL recorded is never overruled by a store that went back in time (a failover to a
 replica that had not received the last writes, an old master that resynced): before the reaper
@@ -360,19 +361,19 @@ def _found_anyway(core: Core, picture: RunPicture, step: int) -> bool:
 
 
 def _sent_again(core: Core, picture: RunPicture, step: int, idle: int, report: ReapReport) -> bool:
-    """Whether the step's message is sent again instead of the step being judged never
-    started: a broker without persistence (the split topology of ``docs/deployment.md``)
-    loses its queued messages when it restarts, and the store, which holds every step's call,
-    is what can send them again. Only for a run still going forward (an unwinding run's
-    queued step would be skipped anyway), and at most ``STEP_RESENDS`` times: a step still not
-    begun a deadline later (a queue no worker consumes) is judged never started."""
+    """Whether the step's message was sent again, instead of the step being judged (never
+    started, or in doubt). A broker without persistence (the split topology of
+    ``docs/deployment.md``) loses its queued messages when it restarts, and the store, which
+    holds every step's call, is what can send them again: for a step no delivery began, and
+    for one whose retry (its claim released by ``record_retry``) had not begun by the end of
+    its hold. Only for a run still going forward (an unwinding run's queued step would be
+    skipped anyway), and at most ``STEP_RESENDS`` times: a step still not begun a deadline
+    later (a queue no worker consumes) is judged as before."""
     run_id = picture.run_id
     if picture.state is not RunState.RUNNING:
         return False
     counted = core.store.count_resend(run_id, step, STEP_RESENDS)
-    if counted.status == "state":  # a delivery began it since the picture was read
-        return True
-    if counted.status != "sent":
+    if counted.status != "sent":  # a delivery is on it (or began it since), or sent enough
         return False
     record = picture.step(step)
     try:
@@ -383,7 +384,8 @@ def _sent_again(core: Core, picture: RunPicture, step: int, idle: int, report: R
         core.store.count_resend(run_id, step, STEP_RESENDS, take_back=True)
         raise
     logger.warning(
-        "run %s: step %d (%s) not begun %ds after its last change: its message is sent again",
+        "run %s: no delivery on step %d (%s) %ds after the run's last change: its message "
+        "is sent again",
         run_id,
         step,
         record.tool,
@@ -407,7 +409,9 @@ def _resolve_step(
         if marked.status == "in_doubt" and str(marked.values[0]) == "0":
             report.in_doubt.append((run_id, step, reconcile(core, run_id, step)))
         return
-    if state is StepState.DISPATCHED and _sent_again(core, picture, step, idle, report):
+    if state in (StepState.DISPATCHED, StepState.RUNNING) and _sent_again(
+        core, picture, step, idle, report
+    ):
         return
     if state is StepState.DISPATCHED:
         # Never started, by this picture. The script refuses the verdict if a delivery has

@@ -173,3 +173,31 @@ def test_a_resend_the_broker_refuses_does_not_count_and_is_tried_at_the_next_pas
     assert handle.result(timeout=30)["credit_id"]
     assert run.finish(timeout=30).state is RunState.COMPLETED
     assert ledger("credit") == [handle.idempotency_key]
+
+
+def test_a_retry_whose_message_was_lost_is_sent_again_and_runs(
+    private: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose attempt failed and whose retry message the broker lost (waiting out its
+    countdown when the broker restarted) is sent again, and its next attempt runs."""
+    env: Private = private(run_deadline=1, broker=True)
+    store = env.saga.store
+    # Given a credit whose first attempt failed retryably, its retry's message lost
+    run = env.saga.start_run()
+    with monkeypatch.context() as patch:
+        patch.setattr(env.saga.app, "send_task", lambda name, **kw: None)
+        handle = run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="retry")
+    args = json.dumps(run.picture().step(handle.step).args, separators=(",", ":"))
+    began = store.begin_step(run.run_id, handle.step, "issue_credit", args, "lost/1", 5.0)
+    assert began.status == "run"
+    error = {"type": "ConnectionError", "message": "the ledger timed out", "attempt": 1}
+    assert store.record_retry(run.run_id, handle.step, error, 0.2).status == "ok"
+    assert handle.state() is StepState.RUNNING
+    # When the reaper finds it past the run's deadline, its lease run out and no delivery on it
+    assert reap_until(env, "resent", {(run.run_id, handle.step)})
+    env.worker()
+    # Then its second attempt runs, and the credit is issued once
+    assert handle.result(timeout=30)["credit_id"]
+    assert run.picture().step(handle.step).attempts == 2
+    assert run.finish(timeout=30).state is RunState.COMPLETED
+    assert ledger("credit") == [handle.idempotency_key]
