@@ -1,5 +1,6 @@
 """The topology overrides (``compose.sentinel.yaml``, ``compose.cluster.yaml``,
-``compose.rabbitmq.yaml``, and RabbitMQ with either store) on top of compose.yaml, merged as
+``compose.rabbitmq.yaml``, ``compose.split.yaml``, and RabbitMQ or the split with another
+store) on top of compose.yaml, merged as
 ``docker compose -f ... -f ...`` merges them, checked where no Docker engine runs: every saga
 process reads the topology it is given (its environment run through saga's own settings and
 Celery defaults), each credential comes from a secret it mounts, and the servers' own
@@ -28,6 +29,8 @@ TOPOLOGIES = {
     "rabbitmq+sentinel": ["compose.sentinel.yaml", "compose.rabbitmq.yaml"],
     "cluster": ["compose.cluster.yaml"],
     "rabbitmq+cluster": ["compose.cluster.yaml", "compose.rabbitmq.yaml"],
+    "split": ["compose.split.yaml"],
+    "split+sentinel": ["compose.sentinel.yaml", "compose.split.yaml"],
 }
 #: Sequences compose merges (by value) instead of replacing.
 MERGED_SEQUENCES = {"secrets", "volumes", "ports", "expose"}
@@ -332,3 +335,39 @@ def test_every_cluster_node_can_be_master_and_is_configured_as_saga_is_told() ->
         depends = services[name]["depends_on"]
         assert depends["cluster-create"]["condition"] == "service_completed_successfully"
         assert depends["redis"]["condition"] == "service_healthy"  # the broker's
+
+
+@pytest.mark.parametrize("topology", ["split", "split+sentinel"])
+def test_split_puts_the_broker_and_results_on_a_redis_without_persistence(
+    topology: str, secrets_dir: Path
+) -> None:
+    services = _deployment(topology)["services"]
+    read = _read_by_saga(services, secrets_dir)
+    broker = services["redis-broker"]
+    for name in STORE_USERS:
+        seen = read[name]
+        assert seen["broker"] == "redis://saga:pw-redis_saga_password@redis-broker:6379/0", name
+        assert seen["results"] == "redis://saga:pw-redis_saga_password@redis-broker:6379/1", name
+        # The store stays where compose.yaml (or compose.sentinel.yaml) puts it, durable.
+        if topology == "split":
+            assert seen["store"] == "redis://saga:pw-redis_saga_password@redis:6379/2", name
+        else:
+            assert parse_sentinel(seen["store"]) is not None and seen["confirm"] == 1, name
+    assert read["flower"]["broker"] == "redis://flower:pw-redis_flower_password@redis-broker:6379/0"
+    assert read["flower"]["results"].endswith("@redis-broker:6379/1")
+    # Nothing the broker holds reaches a disk, and a full one refuses rather than evicts.
+    flags = _flags(broker["command"])
+    assert flags == {"--appendonly": "no", "--save": "", "--maxmemory-policy": "noeviction"}
+    assert "volumes" not in broker
+    store = _flags(services["redis"]["command"])
+    assert store["--appendonly"] == "yes" and store["--appendfsync"] == "always"
+    # The store's logins, from the same secrets; the API's read-only user never opens it.
+    plain = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["redis"]
+    script = broker["entrypoint"][2]
+    assert "--user default off" in script and "--user readonly" not in script
+    for user in ("saga", "flower"):
+        assert _acl(script, user) == _acl(plain["entrypoint"][2], user), user
+    assert set(re.findall(r"\(h (\w+)\)", script)) == set(broker["secrets"])
+    assert "healthcheck" in broker and broker["restart"] == "unless-stopped"
+    for name in ("worker", "turns", "beat", "api", "flower"):
+        assert services[name]["depends_on"]["redis-broker"]["condition"] == "service_healthy"
