@@ -100,7 +100,29 @@ class FailoverAwareSentinelSSLConnection(SentinelSSLConnection):
         return _read(super().read_response, *args, **kwargs)
 
 
-class Channel(kombu_redis.Channel):
+class _ClosedConnectionGuard:
+    """A channel closed after its connection was: a lost connection, not an AttributeError.
+
+    When the broker goes away while a worker waits on its queue (``BRPOP``), Celery's consumer
+    first collects the connection (the channel's close fails on the dead socket, and the
+    transport is let go), then closes it again. That second close restores the delivered,
+    unacknowledged messages through a connection pool the channel has just dropped, and
+    building a new one reads the let-go transport's client: ``AttributeError``, which no close
+    path ignores, so the worker stopped ("Unrecoverable error") instead of reconnecting. A
+    broker restarted empty (the split topology of ``docs/deployment.md``) stopped every such
+    worker. Raised as a lost connection, the close is ignored as kombu means it to be, and the
+    consumer reconnects; the messages stay in the broker's unacknowledged index, restored once
+    their visibility timeout passes (or lost with the broker, and sent again by the reaper)."""
+
+    connection: Any
+
+    def _get_pool(self, asynchronous: bool = False) -> Any:
+        if self.connection.client is None:
+            raise redis.ConnectionError("the broker connection is closed")
+        return super()._get_pool(asynchronous)  # type: ignore[misc]
+
+
+class Channel(_ClosedConnectionGuard, kombu_redis.Channel):
     """A Redis channel whose synchronous client is made once per connection pool, and whose
     connections raise a failover answer as a lost connection."""
 
@@ -122,7 +144,7 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
-class SentinelChannel(kombu_redis.SentinelChannel):
+class SentinelChannel(_ClosedConnectionGuard, kombu_redis.SentinelChannel):
     """kombu's Sentinel channel whose connections are ``FailoverAwareSentinelConnection``s: a
     failover answer is a lost connection, and a read cut short (a soft time limit in a
     publish) never leaves its reply for the connection's next command."""

@@ -10,6 +10,7 @@ effect applied once (docs/deployment.md, "The broker on a Redis of its own").
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -200,4 +201,31 @@ def test_a_retry_whose_message_was_lost_is_sent_again_and_runs(
     assert handle.result(timeout=30)["credit_id"]
     assert run.picture().step(handle.step).attempts == 2
     assert run.finish(timeout=30).state is RunState.COMPLETED
+    assert ledger("credit") == [handle.idempotency_key]
+
+
+def test_a_worker_whose_broker_restarts_mid_task_stays_up_and_finishes_it(private: Any) -> None:
+    """The broker restarted empty while a worker runs a step: the worker reconnects (it does
+    not exit), the step's outcome is recorded, and the run completes with its effect once."""
+    env: Private = private(broker=True)
+    # (Two pool processes: while one runs the step, the worker waits on the queue (BRPOP) for
+    # the other, which is when a broker connection lost tripped kombu's close path.)
+    worker = env.worker(concurrency=2)
+    env.faults.delay("issue_credit", 3.0)
+    # Given a worker running a credit (its message delivered, not yet acknowledged)
+    run = env.saga.start_run()
+    handle = run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="mid-task")
+    wait_until(lambda: handle.state() is StepState.RUNNING, timeout=15, what="the step began")
+    # When the broker's Redis dies under it, stays away a moment, and comes back empty
+    assert env.broker is not None
+    env.broker.kill()
+    time.sleep(1.5)
+    env.broker.start()
+    # Then the worker stays up, records the step, and takes the next one from the new broker
+    assert handle.result(timeout=30)["credit_id"]
+    then = run.call("get_order", order_id=ORDER)
+    assert then.result(timeout=30)
+    assert run.finish(timeout=30).state is RunState.COMPLETED
+    assert worker.process is not None and worker.process.poll() is None, worker.log()[-3000:]
+    assert "Unrecoverable error" not in worker.log()
     assert ledger("credit") == [handle.idempotency_key]
