@@ -93,7 +93,8 @@ bench-agents: $(INSTALLED)
 # STORE=cluster: the store on a Redis Cluster of its own (three masters, a replica each), the
 # broker on a plain Redis of its own, a random master failed over every 20 s, by CLUSTER
 # FAILOVER and by SIGKILL (the node restarted as a replica) in turn; BROKER=amqp: the broker on
-# a RabbitMQ node of its own, its connections dropped or the node restarted every 25 s.
+# a RabbitMQ node of its own, its connections dropped or the node restarted every 25 s;
+# BROKER=split: the broker on a Redis of its own without persistence, emptied every 25 s.
 chaos: $(INSTALLED)
 	$(BIN)/python -m tests.reliability.chaos --runs $(or $(RUNS),200) --seed $(SEED) \
 	  --store $(or $(STORE),redis) --broker $(or $(BROKER),redis)

@@ -1,7 +1,7 @@
 """The randomised chaos run: many small sagas, random kill points, three workers, invariants.
 
     python -m tests.reliability.chaos --runs 200 --seed 1 [--hosted-share 0.25]
-        [--store sentinel|cluster] [--broker amqp]
+        [--store sentinel|cluster] [--broker amqp|split]
 
 It starts a private ``redis-server``, two Celery tool workers on ``tests.reliability.chaos_app``
 and a turn worker (``-P threads -c 20 -Q saga.turns``) and, in this process, a ``Saga`` on the
@@ -48,6 +48,10 @@ broker on a plain Redis of its own (a cluster cannot be one) and the ledger and 
 the plain Redis; every ``--failover-every`` seconds a random master is failed over, in turn by
 a ``CLUSTER FAILOVER`` on its replica and by a SIGKILL (its replica promoted; the killed node
 started again at once, back as a replica, the cluster healthy again before the next fault).
+``--broker split`` puts the broker and the results on a Redis of their own without persistence,
+killed and started again empty every ``--broker-fault-every`` seconds: every message queued
+then is lost, and the reaper sends it again from the store at its run's deadline
+(``docs/deployment.md``, "The broker on a Redis of its own").
 ``--broker amqp`` puts the broker on a RabbitMQ node of the run's own
 (``rabbit_node.RabbitNode``), whose client connections are all closed, or which is restarted,
 every ``--broker-fault-every`` seconds. The agent retries what a failover refuses, as a caller
@@ -454,6 +458,8 @@ class Chaos:
         self.broker_redis: Any = None
         self.broker_client: Any = None
         self.rabbit: Any = None
+        #: ``--broker split``: the broker is ``broker_redis``, emptied by ``disturb``.
+        self.split = False
         #: What ``disturb`` did (failovers, dropped connections, node restarts), how long the
         #: longest of each kind took (a killed master's also until its replica was promoted),
         #: and what failed; the agent's retries of calls that met it.
@@ -538,16 +544,30 @@ class Chaos:
             # WAIT on the node of the run's slot (docs/durability.md): a SIGKILLed master's
             # replica then has every write the saga was told had landed.
             topology = {"SAGA_REDIS_CONFIRM_REPLICAS": "1", chaos_app.LEDGER_ENV: plain}
+        results = self.redis.url + "/1"
         if self.args.broker == "amqp":
             from tests.reliability.rabbit_node import RabbitNode
 
             self.rabbit = RabbitNode(self.tmp / "rabbit").start()
             broker, transport = self.rabbit.url, {}
+        if self.args.broker == "split":
+            import redis
+
+            # The broker and the results on a Redis of their own without persistence, killed
+            # and started again empty by ``disturb``: what it held, the store sends again.
+            if self.broker_redis is None:  # (a cluster store has given the broker one)
+                self.broker_redis = RedisServer(
+                    "--appendonly", "no", directory=self.tmp / "broker"
+                ).start()
+            broker, results = self.broker_redis.url + "/0", self.broker_redis.url + "/1"
+            if self.broker_client is None:
+                self.broker_client = redis.Redis.from_url(broker, socket_timeout=5)
+            self.split = True
         database = f"sqlite:///{self.tmp / 'saga.db'}"
         self.env = {
             "SAGA_REDIS_URL": url,
             "SAGA_BROKER_URL": broker,
-            "SAGA_RESULT_BACKEND": self.redis.url + "/1",
+            "SAGA_RESULT_BACKEND": results,
             **topology,
             "SAGA_DATABASE_URL": database,
             "SAGA_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT),
@@ -712,10 +732,11 @@ class Chaos:
         ``SENTINEL FAILOVER`` every ``--failover-every`` seconds; on a cluster store, as often,
         a random master failed over (``cluster_fault``); on RabbitMQ, every
         ``--broker-fault-every`` seconds, every client connection dropped, or (every other
-        time) the node restarted (stopped cleanly, started again on its data)."""
+        time) the node restarted (stopped cleanly, started again on its data); on a split
+        broker, as often, its Redis killed and started again empty."""
         if self.sentinels is not None or self.cluster is not None:
             every, name = self.args.failover_every, "failover"
-        elif self.rabbit is not None:
+        elif self.rabbit is not None or self.split:
             every, name = self.args.broker_fault_every, "broker"
         else:
             return
@@ -729,6 +750,10 @@ class Chaos:
                     what = "failovers"
                 elif self.cluster is not None:
                     what = self.cluster_fault()
+                elif self.split:
+                    self.broker_redis.kill()  # SIGKILL: no persistence, it comes back empty
+                    self.broker_redis.start()
+                    what = "broker restarts (emptied)"
                 elif self.disturbed["connections dropped"] <= self.disturbed["node restarts"]:
                     self.rabbit.drop_connections()
                     what = "connections dropped"
@@ -1557,9 +1582,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--broker",
-        choices=["redis", "amqp"],
+        choices=["redis", "amqp", "split"],
         default="redis",
-        help="the broker: the store's Redis, or a RabbitMQ node of the run's own (disturbed)",
+        help="the broker: the store's Redis, a RabbitMQ node of the run's own (disturbed), or "
+        "a Redis of its own without persistence (killed and started again empty)",
     )
     parser.add_argument(
         "--failover-every",
@@ -1572,7 +1598,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--broker-fault-every",
         type=float,
         default=25.0,
-        help="seconds between RabbitMQ faults (connections dropped, node restarted, in turn)",
+        help="seconds between broker faults (RabbitMQ: connections dropped, node restarted, "
+        "in turn; split: its Redis killed and started again empty)",
     )
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args(argv)
@@ -1627,6 +1654,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.failover_every:g}s, CLUSTER FAILOVER and SIGKILL in turn)"
                 + (f", broker on redis {chaos.broker_redis.port}" if chaos.broker_redis else "")
                 + f", ledger and results on redis {chaos.redis.port}"
+            )
+        if chaos.split:
+            where += (
+                f", broker and results on redis {chaos.broker_redis.port} without persistence "
+                f"(killed and started again empty every {args.broker_fault_every:g}s)"
             )
         if chaos.rabbit is not None:
             where += (
