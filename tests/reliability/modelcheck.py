@@ -1455,8 +1455,17 @@ LOSSES = (
     "lost-message",
 )
 #: Faults that can rightly make a compensation fail (use up its attempts, record it failed):
-#: after one of these on a run, a requeue of that run may end escalated again.
-SPOILERS = ("crash", "revoke", "tool-fail", "duplicate", "ack-lost", "lost-reply")
+#: after one of these on a run, a requeue of that run may end escalated again. A delivery the
+#: hard time limit killed is a crash like any other: its attempt counts.
+SPOILERS = (
+    "crash",
+    "revoke",
+    "tool-fail",
+    "duplicate",
+    "ack-lost",
+    "lost-reply",
+    "time-limit-kill",
+)
 PICK = st.integers(0, 3)
 TOOLS = st.sampled_from(list(CALLS))
 #: The reaper's clock when nobody answered in time: past every question's deadline.

@@ -156,6 +156,38 @@ def test_model_check_replays_the_old_defects_without_a_violation(defect: str) ->
     assert violation is None, "\n".join(transcript)
 
 
+#: A false alarm the engine check raised (before ``time-limit-kill`` counted among the faults
+#: that may rightly spoil a requeue): a requeued undo killed twice by the hard time limit used
+#: up its attempts and escalated, as it should; the check expected it to compensate.
+ENGINE_FALSE_ALARMS: dict[str, list[tuple[str, dict[str, object]]]] = {
+    "a requeued undo killed twice by the time limit escalates": [
+        ("start_runs", {"count": 2, "undo_failures": 2}),
+        ("dispatch_publish_fails", {"run": 1, "send": "before", "tool": "issue_credit"}),
+        ("settle", {}),
+        ("end_run", {"how": "abort", "run": 0}),
+        ("end_run", {"how": "abort", "run": 0}),
+        ("settle", {}),
+        ("requeue", {"fix": False, "run": 0}),
+        ("start_delivery", {"pick": 0}),
+        ("reap_paused", {"clock": "past_time_limit", "run": 0}),
+        ("reaper_races_delivery", {"clock": "past_deadline", "pick": 0}),
+        ("reap_paused", {"clock": "past_time_limit", "run": 0}),
+    ],
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("alarm", list(ENGINE_FALSE_ALARMS))
+def test_model_check_raises_no_false_alarm(alarm: str) -> None:
+    redis_server_installed()
+    from tests.reliability import modelcheck
+
+    program = modelcheck.Program(ENGINE_FALSE_ALARMS[alarm])
+    with modelcheck.quiet_logs(), modelcheck.running():
+        violation, transcript = program.replay()
+    assert violation is None, "\n".join(transcript)
+
+
 @pytest.mark.timeout(120)
 def test_model_check_sends_a_step_the_broker_lost_again() -> None:
     """The broker loses a queued step (a Redis without persistence, restarted): the reaper
