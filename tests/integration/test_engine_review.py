@@ -576,13 +576,14 @@ def test_a_terminate_revoke_waits_for_the_lease_before_asking_the_lookup(h: Harn
     run_id = h.start(deadline=1)
     step = credit_step(h, run_id)
     message = h.take(CREDIT, step=step)
-    h.saga.store.begin_step(run_id, step, "issue_credit", '{"amount":100}', "c", 0.5)
+    # (A lease of 3 s: the first reap below must come while it holds, on a loaded machine too.)
+    h.saga.store.begin_step(run_id, step, "issue_credit", '{"amount":100}', "c", 3.0)
     on_revoked(h.saga.core, revoke_request(message), terminated=True)
     step_record = h.saga.picture(run_id).step(step)
     assert (step_record.state, step_record.reconciled) == (StepState.IN_DOUBT, "")
     assert h.saga.reap(now=h.saga.store.now() + 5).in_doubt == []  # the lease still holds
     h.world.credits[step_idempotency_key(run_id, step)] = 100  # the child finished after all
-    time.sleep(0.6)
+    time.sleep(3.1)
     report = h.saga.reap(now=h.saga.store.now() + 10)
     h.drain()
     assert report.in_doubt == [(run_id, step, "happened")]
@@ -608,7 +609,8 @@ def test_a_requeue_waits_for_the_lease_of_an_undo_revoked_while_running(h: Harne
     """Found by the model check: an undo revoked while it ran may still be undoing; the run
     escalates, and a requeue's attempt waits ('busy') until that lease ran out, instead of
     running the same undo beside it."""
-    run_id = revoked_while_undoing(h, 0.5, terminated=True)
+    # (A lease of 3 s: the requeue's attempt below must come while it holds, loaded or not.)
+    run_id = revoked_while_undoing(h, 3.0, terminated=True)
     store = h.saga.store
     assert h.saga.picture(run_id).state is RunState.ESCALATED
 
@@ -616,7 +618,7 @@ def test_a_requeue_waits_for_the_lease_of_an_undo_revoked_while_running(h: Harne
     owner = h.saga.picture(run_id).extra["owner"]
     again = store.begin_compensation(run_id, 1, "second", "t2", owner, 30.0)
     assert again.status == "busy"  # the revoked execution's lease still holds
-    time.sleep(0.6)
+    time.sleep(3.1)
     h.drain()
     assert h.saga.picture(run_id).state is RunState.COMPENSATED
     assert h.world.reversals == [f"{run_id}:1:undo"]
