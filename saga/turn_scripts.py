@@ -50,7 +50,8 @@ class TurnScripts(StoreCore):
         ``fenced`` while the last asker's lease ran out under it and ``fence`` has not yet
         seen it give no sign of life (ask again within ``fence.gap_seconds``), ``answered``
         when the turn's answer is recorded, ``spent`` when the turn has been asked ``most``
-        times already (0: no limit). ``fence`` None: no fence (a lease that ran out is free)."""
+        times already (0: no limit), ``ended`` when the run is no longer running (aborted,
+        reaped, unwinding). ``fence`` None: no fence (a lease that ran out is free)."""
         lease_ms = max(1, int(lease_seconds * 1000))
         lease = turn_lease_key(run_id, turn)
         fence_ms, gap_ms = (0, 0) if fence is None else fence.as_ms()

@@ -225,6 +225,9 @@ def _ask(
         time.sleep(FENCE_POLL)
         polls += 1
         taken = turns.ask_model(run_id, turn, hold.seconds, hold.token, most, ASKER_FENCE)
+    if taken == "ended":  # aborted or reaped since this delivery read the run
+        logger.info("run %s turn %d: the run ended before the model was asked", run_id, turn)
+        return None
     if taken in ("busy", "fenced"):
         return Again(_LEASE_WAIT)
     if taken == "answered":  # recorded since this delivery read the run: play it again

@@ -6,6 +6,10 @@
 -- ARGV[4]: the most policy calls a turn may make (0: no limit). The limit is judged here,
 -- under the lease, not from the caller's picture: a delivery that read the count while
 -- another was still asking must wait for that call's answer, not end the run under it.
+-- A run that ended (aborted, reaped, unwinding) since the caller read it: nothing to ask. A
+-- delivery may read the run, then wait out a fence for seconds: the call would be made, and
+-- counted after the run's record was written, for a run nobody will read the answer of.
+if redis.call('HGET', RUN, 'state') ~= 'running' then return {'ended'} end
 -- An answer recorded since the caller read the run: nothing to ask (the caller plays again).
 if redis.call('HEXISTS', AGENT, ARGV[1] .. ':answer') == 1 then return {'answered'} end
 -- The same asker again (its reply lost, or its write not yet on a replica): counted once.

@@ -538,3 +538,17 @@ def test_a_lost_reply_of_the_loops_abort_still_sends_the_unwind(
         20,
         "the unwind to be sent and concluded",
     )
+
+
+def test_a_turn_is_not_asked_nor_counted_once_its_run_ended(world: Saga) -> None:
+    """A delivery that read the run and then asks after it ended (it waited out a fence, or
+    a busy lease, meanwhile) is refused, and nothing is counted. Found by the chaos run: such
+    a call was made and counted after the run's record was written, so the record said one
+    model call fewer than the loop."""
+    run_id = start(world, "review_credit_then_done")
+    store = world.store
+    world.abort(run_id, "the agent gave up")
+    assert store.ask_model(run_id, 1, 5.0, "late") == "ended"
+    assert store.client.get(turn_lease_key(run_id, 1)) is None  # no lease taken
+    state = LoopState.parse(world.picture(run_id).agent)
+    assert state is not None and state.model_calls == 0 and state.asked == {}
