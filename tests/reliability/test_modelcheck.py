@@ -144,18 +144,6 @@ ENGINE_OLD_DEFECTS: dict[str, list[tuple[str, dict[str, object]]]] = {
 }
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("defect", list(ENGINE_OLD_DEFECTS))
-def test_model_check_replays_the_old_defects_without_a_violation(defect: str) -> None:
-    redis_server_installed()
-    from tests.reliability import modelcheck
-
-    program = modelcheck.Program(ENGINE_OLD_DEFECTS[defect])
-    with modelcheck.quiet_logs(), modelcheck.running():
-        violation, transcript = program.replay()
-    assert violation is None, "\n".join(transcript)
-
-
 #: A false alarm the engine check raised (before ``time-limit-kill`` counted among the faults
 #: that may rightly spoil a requeue): a requeued undo killed twice by the hard time limit used
 #: up its attempts and escalated, as it should; the check expected it to compensate.
@@ -176,15 +164,21 @@ ENGINE_FALSE_ALARMS: dict[str, list[tuple[str, dict[str, object]]]] = {
 }
 
 
+#: Every engine program above: each must replay without a violation.
+ENGINE_REPLAYS = {**ENGINE_OLD_DEFECTS, **ENGINE_FALSE_ALARMS}
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("alarm", list(ENGINE_FALSE_ALARMS))
-def test_model_check_raises_no_false_alarm(alarm: str) -> None:
+@pytest.mark.parametrize("program", list(ENGINE_REPLAYS))
+def test_model_check_replays_old_defects_and_false_alarms_without_a_violation(
+    program: str,
+) -> None:
     redis_server_installed()
     from tests.reliability import modelcheck
 
-    program = modelcheck.Program(ENGINE_FALSE_ALARMS[alarm])
+    replay = modelcheck.Program(ENGINE_REPLAYS[program])
     with modelcheck.quiet_logs(), modelcheck.running():
-        violation, transcript = program.replay()
+        violation, transcript = replay.replay()
     assert violation is None, "\n".join(transcript)
 
 
