@@ -29,6 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import costs  # noqa: E402
 
+#: What follows ``LPUSH`` in a publish to the benchmark's queue (Celery's default).
+_QUEUE = ' "celery" '
 _LINE = re.compile(
     r'^[\d.]+ \[\d+ (?P<source>lua|[\d.]+:(?P<port>\d+))\] "(?P<command>\w+)"(?P<rest>.*)$'
 )
@@ -89,7 +91,10 @@ def classify(lines: list[str], run_id: str, roles: dict[str, str]) -> dict[str, 
             continue
         inside = ""
         who = roles.get(match["port"] or "", "?")
-        if who == "celery":  # the message's own commands (they name its task id)
+        if who == "celery" or (command == "LPUSH" and rest.startswith(_QUEUE)):
+            # The message's own commands (they name its task id). A step's publish is one
+            # of them whoever sends it: Celery's producer, or the caller's store connection
+            # pushing the message prepared as Celery's (``saga.prepared_publish``).
             celery[command] += 1
             continue
         if command == "EVALSHA":

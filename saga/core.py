@@ -40,6 +40,7 @@ from saga.fault_points import FaultPoints, faults_enabled
 from saga.hooks import RunListeners, SagaHooks
 from saga.model import CompensationState, RunState
 from saga.picture import RunPicture
+from saga.prepared_publish import PreparedPublisher
 from saga.records import EscalationRecord, RecordStore
 from saga.records.rows import escalation_id
 from saga.rules import REASON_STORE_BEHIND
@@ -81,6 +82,9 @@ class Core(Dispatcher):
         self._records_lock = threading.Lock()
         #: Publish options by task name (``_publish_options``), worked out on first use.
         self._publish_extra: dict[str, dict[str, Any]] = {}
+        self.prepared = PreparedPublisher(
+            app, settings.redis_url, lambda: self.store.client, self._publish_options
+        )
         #: Fault injection for tests; None unless SAGA_TESTING_FAULTS=1 is set explicitly.
         self.faults: FaultPoints | None = None
         if faults_enabled():

@@ -25,6 +25,7 @@ from saga.errors import (
 )
 from saga.model import StepState, ToolClass
 from saga.picture import StepRecord
+from saga.prepared_publish import PreparedPublisher
 from saga.settings import Settings
 from saga.stack import RunStore
 from saga.tool_hosts import CallerTools
@@ -49,6 +50,8 @@ class Dispatcher:
     caller_tools: CallerTools
     #: Publish options by task name (``_publish_options``), worked out on first use.
     _publish_extra: dict[str, dict[str, Any]]
+    #: A step's message prepared once per task and pushed directly, where nothing can tell.
+    prepared: PreparedPublisher
 
     def start_unwind(self, run_id: str, owner: str) -> bool:
         raise NotImplementedError  # the core's: a released step may own the run's unwind
@@ -109,17 +112,24 @@ class Dispatcher:
     def _send_step(
         self, run_id: str, step: int, tool_name: str, wire_args: Any, args_json: str
     ) -> None:
+        task = tool_task_name(tool_name)
+        task_id = f"{run_id}:{step}"
+        kwargs = {"run_id": run_id, "step": step, "args": wire_args}
+        # What Flower shows of the arguments is the JSON already encoded, not a second,
+        # recursive repr of them.
+        kwargsrepr = f"{{'run_id': {run_id!r}, 'step': {step}, 'args': {args_json[:_REPR]}}}"
+        if self.prepared.publish(task, task_id, kwargs, kwargsrepr):
+            return
         self.app.send_task(
-            tool_task_name(tool_name),
-            kwargs={"run_id": run_id, "step": step, "args": wire_args},
-            task_id=f"{run_id}:{step}",
+            task,
+            kwargs=kwargs,
+            task_id=task_id,
             # The outcome lives in the saga store: no result backend subscription (a
-            # SUBSCRIBE and an UNSUBSCRIBE per step). What Flower shows of the arguments is
-            # the JSON already encoded, not a second, recursive repr of them.
+            # SUBSCRIBE and an UNSUBSCRIBE per step).
             ignore_result=True,
             argsrepr="()",
-            kwargsrepr=f"{{'run_id': {run_id!r}, 'step': {step}, 'args': {args_json[:_REPR]}}}",
-            **self._publish_options(tool_task_name(tool_name)),
+            kwargsrepr=kwargsrepr,
+            **self._publish_options(task),
         )
 
     def _unsend(self, run_id: str, step: int, tool_name: str, exc: Exception) -> bool:

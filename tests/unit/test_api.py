@@ -105,6 +105,7 @@ CELERY_MODULES = {
     "delivery.py",
     "client.py",
     "unwind.py",
+    "prepared_publish.py",
 }
 _CELERY_IMPORT = re.compile(r"^\s*(import\s+celery\b|from\s+celery\b)", re.MULTILINE)
 

@@ -1,0 +1,270 @@
+"""A step's message prepared once per task (``saga.prepared_publish``) is Celery's own, byte for
+byte but for kombu's delivery tag, and Celery's publish sends it wherever something could tell
+the difference.
+
+The byte-for-byte tests publish each call twice on a Redis database of this module's own, with
+no worker: once prepared, once through ``send_task`` (the prepared path turned off), and
+compare the two list entries. A real worker running prepared messages is the session's worker
+in every other integration test; ``test_a_worker_runs_prepared_steps`` counts them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery._state import _task_stack
+from celery.signals import before_task_publish
+
+from saga import RunState, Saga, Settings
+from saga.errors import DispatchError
+from saga.model import StepState
+from saga.prepared_publish import PreparedPublisher
+from tests.conftest import MACHINE_REDIS, TEST_DB, TEST_STORE, redis_url_with_db
+from tests.integration.helpers import CREDIT, ORDER, demo_steps
+
+pytestmark = pytest.mark.timeout(60)
+
+#: A database of its own in the session's block (the listing's; its tests flush it too).
+DB = TEST_DB - 3
+QUEUE = "celery"
+
+
+def _app(broker: str, **conf: Any) -> Celery:
+    app = Celery("prepared")
+    app.config_from_object("celeryconfig")
+    app.conf.update(broker_url=broker, result_backend=broker, **conf)
+    return app
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    if TEST_STORE != "redis":
+        pytest.skip("the byte-for-byte tests need a plain Redis (the session's is not one)")
+    url = redis_url_with_db(MACHINE_REDIS, DB)
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+def _saga(url: str, tmp_path: Path, broker: str | None = None, **conf: Any) -> Saga:
+    from tasks.tools import tools
+
+    database = f"sqlite:///{tmp_path / 'saga.db'}"
+    return Saga(_app(broker or url, **conf), tools, Settings(redis_url=url, database_url=database))
+
+
+@pytest.fixture
+def private(url: str, tmp_path: Path) -> Iterator[Saga]:
+    made = _saga(url, tmp_path)
+    yield made
+    made.store.client.close()
+
+
+def _both(saga: Saga, run_id: str, step: int, tool: str, args: Any) -> tuple[str, str]:
+    """The list entry of the call prepared, then of the same call through ``send_task``."""
+    client = redis.Redis.from_url(saga.settings.redis_url, decode_responses=True)
+    core = saga.core
+    args_json = json.dumps(args)
+    core._send_step(run_id, step, tool, args, args_json)
+    prepared = client.rpop(QUEUE)
+    publish = core.prepared.publish
+    core.prepared.publish = lambda *a, **k: False  # type: ignore[method-assign]
+    try:
+        core._send_step(run_id, step, tool, args, args_json)
+    finally:
+        core.prepared.publish = publish  # type: ignore[method-assign]
+    celerys = client.rpop(QUEUE)
+    assert client.llen(QUEUE) == 0
+    client.close()
+    assert prepared is not None and celerys is not None
+    return prepared, celerys
+
+
+def _without_tag(raw: str) -> tuple[str, dict[str, Any]]:
+    message = json.loads(raw)
+    tag = message["properties"]["delivery_tag"]
+    del message["properties"]["delivery_tag"]
+    return raw.replace(tag, "<tag>"), message
+
+
+CALLS = {
+    "plain": ("issue_credit", {"order_id": ORDER, "amount_cents": CREDIT}),
+    "escapes": (
+        "update_ticket",
+        {"ticket_id": 7, "status": 'caf\u00e9 "q" \\ {x} \u2603 \n\t\U0001f600 %s {0}'},
+    ),
+    "long": ("update_ticket", {"ticket_id": 8, "status": "x" * 5000}),
+    "mail": ("send_reply", {"to": "ada@example.com", "subject": "s", "body": "b"}),
+}
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_a_prepared_message_is_celerys_byte_for_byte(private: Saga, call: str) -> None:
+    tool, args = CALLS[call]
+    # Given one call, published prepared and then through Celery's send_task
+    prepared, celerys = _both(private, "run-\u00e9'x", 12, tool, args)
+    # Then the two are the same bytes but for kombu's delivery tag (a fresh UUID each)
+    (prepared_text, prepared_fields), (celery_text, celery_fields) = (
+        _without_tag(prepared),
+        _without_tag(celerys),
+    )
+    assert prepared_fields["headers"] == celery_fields["headers"]
+    assert prepared_fields["properties"] == celery_fields["properties"]
+    assert prepared_fields == celery_fields
+    assert prepared_text == celery_text
+    assert prepared_fields["headers"]["id"] == "run-\u00e9'x:12"
+
+
+def test_a_prepared_message_names_its_own_thread(private: Saga) -> None:
+    """The reply-to is the publishing thread's (Celery's ``thread_oid``), not the thread's
+    that prepared the task's message."""
+    client = redis.Redis.from_url(private.settings.redis_url, decode_responses=True)
+    private.core._send_step("r", 1, "issue_credit", {"order_id": 1}, "{}")
+    here = json.loads(client.rpop(QUEUE) or "{}")["properties"]["reply_to"]
+    got: list[tuple[str, str]] = []
+    thread = threading.Thread(
+        target=lambda: got.append(_both(private, "r", 2, "issue_credit", {"order_id": 2}))
+    )
+    thread.start()
+    thread.join(30)
+    prepared, celerys = got[0]
+    assert _without_tag(prepared) == _without_tag(celerys)
+    assert json.loads(prepared)["properties"]["reply_to"] != here
+    client.close()
+
+
+def _prepares(saga: Saga) -> bool:
+    return saga.core.prepared.publish("tools.issue_credit", "r:1", {"run_id": "r"}, "")
+
+
+def test_celery_publishes_when_a_receiver_listens_to_its_publish(private: Saga) -> None:
+    seen: list[str] = []
+
+    def receiver(headers: dict[str, Any], **_: Any) -> None:
+        seen.append(headers["id"])
+
+    before_task_publish.connect(receiver)
+    try:
+        assert not _prepares(private)
+        private.core._send_step("r", 3, "issue_credit", {"order_id": 1}, "{}")
+    finally:
+        before_task_publish.disconnect(receiver)
+    assert seen == ["r:3"]
+    assert _prepares(private)
+
+
+def test_celery_publishes_from_inside_a_worker_task(private: Saga) -> None:
+    """A task's publish carries its parent's ids (root and parent): Celery's to make."""
+    parent = private.app.tasks["tools.issue_credit"]
+    parent.push_request(id="parent", called_directly=False)
+    _task_stack.push(parent)
+    try:
+        assert not _prepares(private)
+        private.core._send_step("r", 4, "issue_credit", {"order_id": 1}, "{}")
+    finally:
+        _task_stack.pop()
+        parent.pop_request()
+    message = json.loads(redis.Redis.from_url(private.settings.redis_url).rpop(QUEUE) or "{}")
+    assert message["headers"]["parent_id"] == "parent"
+
+
+def test_celery_publishes_when_the_app_send_task_is_replaced(private: Saga) -> None:
+    sent: list[str] = []
+    private.app.send_task = lambda name, **kw: sent.append(kw["task_id"])  # type: ignore[method-assign]
+    private.core._send_step("r", 5, "issue_credit", {"order_id": 1}, "{}")
+    assert sent == ["r:5"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["sent event", "another database", "key prefix", "rabbitmq", "compression"],
+)
+def test_celery_publishes_what_a_prepared_message_cannot_be(
+    url: str, tmp_path: Path, change: str
+) -> None:
+    conf: dict[str, Any] = {}
+    broker = url
+    if change == "sent event":
+        conf["task_send_sent_event"] = True
+    elif change == "another database":
+        broker = redis_url_with_db(MACHINE_REDIS, DB + 1)
+    elif change == "key prefix":
+        conf["broker_transport_options"] = {"global_keyprefix": "p:"}
+    elif change == "compression":
+        conf["task_compression"] = "gzip"
+    app = _app(broker, **conf)
+    if change == "rabbitmq":
+        app.conf.broker_url = "amqp://guest:guest@127.0.0.1:5672//"
+    from saga.transport import use_pooled_client_transport
+
+    use_pooled_client_transport(app)
+    client = redis.Redis.from_url(url)
+    publisher = PreparedPublisher(app, url, lambda: client, lambda task: {"declare": []})
+    assert not publisher.publish("tools.issue_credit", "r:1", {"run_id": "r"}, "")
+    assert client.llen(QUEUE) == 0
+    client.close()
+
+
+def test_a_push_the_redis_refuses_fails_the_call_and_releases_its_step(private: Saga) -> None:
+    """As when Celery's publish raises: the caller is told, the step is released, and the run
+    goes on (a later call is taken)."""
+    run = private.start_run()
+
+    class Refusing:
+        def lpush(self, *args: Any) -> int:
+            raise redis.ConnectionError("the broker is away")
+
+    prepared = private.core.prepared
+    client = prepared._client
+    prepared._client = lambda: Refusing()  # type: ignore[assignment, return-value]
+    try:
+        with pytest.raises(DispatchError, match="the broker is away"):
+            run.call("get_order", order_id=ORDER)
+    finally:
+        prepared._client = client
+    picture = private.store.picture(run.run_id)
+    assert picture is not None
+    assert [s.state for s in picture.steps] == [StepState.NOT_DISPATCHED]
+    queued = redis.Redis.from_url(private.settings.redis_url).llen(QUEUE)
+    assert queued == 0
+    run.call("get_order", order_id=ORDER)
+    assert redis.Redis.from_url(private.settings.redis_url).llen(QUEUE) == 1
+
+
+def test_a_worker_runs_prepared_steps(saga: Saga) -> None:
+    """The session's worker runs the demo's steps from prepared messages, to the end."""
+    real = saga
+    if not real.core.prepared._same_redis:
+        pytest.skip("this session's broker is not the store's Redis")
+    counted: list[str] = []
+    publish = real.core.prepared.publish
+
+    def counting(task: str, *args: Any) -> bool:
+        done = publish(task, *args)
+        if done:
+            counted.append(task)
+        return done
+
+    real.core.prepared.publish = counting  # type: ignore[method-assign]
+    try:
+        run = real.start_run()
+        demo_steps(run)
+        run.finish(timeout=20)
+    finally:
+        real.core.prepared.publish = publish  # type: ignore[method-assign]
+    assert counted == [
+        "tools.get_order",
+        "tools.issue_credit",
+        "tools.set_ticket_status",
+        "tools.send_reply",
+    ]
+    assert real.store.view(run.run_id).state == RunState.COMPLETED  # type: ignore[union-attr]
