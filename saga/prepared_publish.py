@@ -163,9 +163,7 @@ class PreparedPublisher:
 
     def _template(self, task: str) -> _Template | None:
         if os.getpid() != self._pid:  # forked: a message names its sender's process
-            with self._lock:
-                self._templates.clear()
-                self._pid = os.getpid()
+            self._templates, self._lock, self._pid = {}, threading.Lock(), os.getpid()
         if task in self._templates:
             return self._templates[task]
         with self._lock:
@@ -175,8 +173,11 @@ class PreparedPublisher:
                 except _NotPreparable as exc:
                     logger.info("%s: published through Celery (%s)", task, exc)
                     self._templates[task] = None
-                # Anything else (the broker away) is not cached: the call uses Celery's
-                # publish, which retries and raises as it does, and the next call tries again.
+                except Exception as exc:
+                    # The broker away, say: not kept. This call goes through Celery's publish,
+                    # which retries and raises as it always does; the next one prepares again.
+                    logger.debug("%s: not prepared this time (%r)", task, exc)
+                    return None
         return self._templates[task]
 
     def _prepare(self, task: str) -> _Template:

@@ -55,16 +55,12 @@ def url() -> Iterator[str]:
     client.close()
 
 
-def _saga(url: str, tmp_path: Path, broker: str | None = None, **conf: Any) -> Saga:
+@pytest.fixture
+def private(url: str, tmp_path: Path) -> Iterator[Saga]:
     from tasks.tools import tools
 
     database = f"sqlite:///{tmp_path / 'saga.db'}"
-    return Saga(_app(broker or url, **conf), tools, Settings(redis_url=url, database_url=database))
-
-
-@pytest.fixture
-def private(url: str, tmp_path: Path) -> Iterator[Saga]:
-    made = _saga(url, tmp_path)
+    made = Saga(_app(url), tools, Settings(redis_url=url, database_url=database))
     yield made
     made.store.client.close()
 
@@ -211,6 +207,25 @@ def test_celery_publishes_what_a_prepared_message_cannot_be(
     publisher = PreparedPublisher(app, url, lambda: client, lambda task: {"declare": []})
     assert not publisher.publish("tools.issue_credit", "r:1", {"run_id": "r"}, "")
     assert client.llen(QUEUE) == 0
+    client.close()
+
+
+def test_a_broker_away_when_a_task_is_first_published_leaves_it_to_celery(url: str) -> None:
+    """Nothing is kept of a message Celery could not make: the call goes through Celery's
+    publish (which retries and raises as always), and a later call prepares it."""
+    away = "redis://127.0.0.1:1/0"
+    app = _app(away, broker_connection_retry=False, broker_connection_max_retries=0)
+    from saga.transport import use_pooled_client_transport
+
+    use_pooled_client_transport(app)
+    client = redis.Redis.from_url(url)
+    publisher = PreparedPublisher(app, away, lambda: client, lambda task: {"declare": []})
+    assert not publisher.publish("tools.issue_credit", "r:1", {"run_id": "r"}, "")
+    assert "tools.issue_credit" not in publisher._templates
+    app.conf.broker_url = url
+    publisher = PreparedPublisher(app, url, lambda: client, lambda task: {"declare": []})
+    assert publisher.publish("tools.issue_credit", "r:1", {"run_id": "r"}, "")
+    assert client.llen(QUEUE) == 1
     client.close()
 
 
