@@ -86,6 +86,9 @@ def classify(lines: list[str], run_id: str, roles: dict[str, str]) -> dict[str, 
             continue
         command, rest, source = match["command"].upper(), match["rest"], match["source"]
         if source == "lua":
+            if command == "LPUSH" and rest.startswith(_QUEUE):
+                celery[command] += 1  # a step's message, pushed by its reservation
+                continue
             if inside:
                 own.append({"who": "script", "command": command, "script": inside})
             continue

@@ -82,6 +82,8 @@ class Core(Dispatcher):
         self._records_lock = threading.Lock()
         #: Publish options by task name (``_publish_options``), worked out on first use.
         self._publish_extra: dict[str, dict[str, Any]] = {}
+        self._next_steps: dict[str, int] = {}
+        self._next_steps_lock = threading.Lock()
         self.prepared = PreparedPublisher(
             app, settings.redis_url, lambda: self.store.client, self._publish_options
         )

@@ -10,6 +10,7 @@ a second step, so the caller gets the step as it is.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from celery import Celery
@@ -27,7 +28,7 @@ from saga.model import StepState, ToolClass
 from saga.picture import StepRecord
 from saga.prepared_publish import PreparedPublisher
 from saga.settings import Settings
-from saga.stack import RunStore
+from saga.stack import RunStore, StepPush
 from saga.tool_hosts import CallerTools
 from saga.tools import ToolRegistry
 from saga.transport import declares_nothing
@@ -38,6 +39,18 @@ logger = logging.getLogger("saga")
 _RESERVE_ATTEMPTS = 100
 #: Characters of a step's arguments shown in Flower (Celery's own repr limit).
 _REPR = 1024
+#: Runs whose next step this process remembers (``Dispatcher._guess_next_step``).
+_GUESSED_RUNS = 4096
+
+
+def _step_message(
+    run_id: str, step: int, tool_name: str, wire_args: Any, args_json: str
+) -> tuple[str, str, dict[str, Any], str]:
+    """A step's task, task id, keyword arguments and what Flower shows of them: the JSON
+    already encoded, not a second, recursive repr."""
+    kwargs = {"run_id": run_id, "step": step, "args": wire_args}
+    kwargsrepr = f"{{'run_id': {run_id!r}, 'step': {step}, 'args': {args_json[:_REPR]}}}"
+    return tool_task_name(tool_name), f"{run_id}:{step}", kwargs, kwargsrepr
 
 
 class Dispatcher:
@@ -52,6 +65,9 @@ class Dispatcher:
     _publish_extra: dict[str, dict[str, Any]]
     #: A step's message prepared once per task and pushed directly, where nothing can tell.
     prepared: PreparedPublisher
+    #: Per run, the step its next call will most likely be given (``_guess_next_step``).
+    _next_steps: dict[str, int]
+    _next_steps_lock: threading.Lock
 
     def start_unwind(self, run_id: str, owner: str) -> bool:
         raise NotImplementedError  # the core's: a released step may own the run's unwind
@@ -81,9 +97,14 @@ class Dispatcher:
             wire_args, what=f"arguments of {tool_name}", limit=self.settings.max_payload_bytes
         )
         on_failure = "feed_back" if feed_back_failure else ""
-        step, fresh = self._reserve(
-            run_id, tool_name, tool.tool_class, args_json, marker, on_failure
+        push = self._push_with_reservation(run_id, tool_name, wire_args, args_json, marker)
+        step, fresh, sent = self._reserve(
+            run_id, tool_name, tool.tool_class, args_json, marker, on_failure, push
         )
+        if fresh:
+            self._guess_next_step(run_id, step + 1)
+        if sent:
+            return step  # the reservation pushed its message too
         if not fresh and self.store.step_outcome(run_id, step)[0] != StepState.DISPATCHED:
             return step  # begun or settled already
         try:
@@ -109,15 +130,41 @@ class Dispatcher:
         args_json = payload.dumps(record.args, what=f"arguments of {record.tool}", limit=1 << 62)
         self._send_step(run_id, record.step, record.tool, record.args, args_json)
 
+    def _push_with_reservation(
+        self, run_id: str, tool_name: str, wire_args: Any, args_json: str, marker: str
+    ) -> StepPush | None:
+        """The message of the step this call will most likely be given (the run's next, as
+        this process last reserved one), prepared for the reservation to push in the same
+        script: one round trip instead of two. None where the message must wait for the
+        reservation: Celery's publish sends it (``saga.prepared_publish``), a marker's call
+        may be given its earlier step, and with replica confirmation on, the reservation is
+        on a replica before the message exists."""
+        if marker or self.store.confirmation.replicas:
+            return None
+        step = self._next_steps.get(run_id, 1)
+        message = self.prepared.message(
+            *_step_message(run_id, step, tool_name, wire_args, args_json)
+        )
+        if message is None:
+            return None
+        return StepPush(message[0], step, message[1])
+
+    def _guess_next_step(self, run_id: str, step: int) -> None:
+        """Remember the step this run's next call will most likely be given (a few thousand
+        runs at most: a guess is only a guess, and a wrong one costs a second round trip)."""
+        steps = self._next_steps
+        with self._next_steps_lock:
+            steps.pop(run_id, None)
+            steps[run_id] = step
+            while len(steps) > _GUESSED_RUNS:
+                del steps[next(iter(steps))]
+
     def _send_step(
         self, run_id: str, step: int, tool_name: str, wire_args: Any, args_json: str
     ) -> None:
-        task = tool_task_name(tool_name)
-        task_id = f"{run_id}:{step}"
-        kwargs = {"run_id": run_id, "step": step, "args": wire_args}
-        # What Flower shows of the arguments is the JSON already encoded, not a second,
-        # recursive repr of them.
-        kwargsrepr = f"{{'run_id': {run_id!r}, 'step': {step}, 'args': {args_json[:_REPR]}}}"
+        task, task_id, kwargs, kwargsrepr = _step_message(
+            run_id, step, tool_name, wire_args, args_json
+        )
         if self.prepared.publish(task, task_id, kwargs, kwargsrepr):
             return
         self.app.send_task(
@@ -179,15 +226,18 @@ class Dispatcher:
         args_json: str,
         marker: str,
         on_failure: str,
-    ) -> tuple[int, bool]:
-        """The step reserved, and whether it is new (False: the marker's earlier step)."""
+        push: StepPush | None = None,
+    ) -> tuple[int, bool, bool]:
+        """The step reserved, whether it is new (False: the marker's earlier step), and
+        whether its message was pushed with it (``push``, when its guess held)."""
         gate = rules.gate_for(tool_class)
         for _ in range(_RESERVE_ATTEMPTS):
             outcome = self.store.reserve(
-                run_id, tool_name, tool_class, args_json, gate, marker, on_failure
+                run_id, tool_name, tool_class, args_json, gate, marker, on_failure, push
             )
             if outcome.status in ("ok", "dup"):
-                return int(outcome.values[0]), outcome.status == "ok"
+                sent = outcome.status == "ok" and outcome.values[1:] == ("sent",)
+                return int(outcome.values[0]), outcome.status == "ok", sent
             if outcome.status == "ended":
                 raise RunEndedError(run_id, str(outcome.values[0]))
             view = self.store.view(run_id)

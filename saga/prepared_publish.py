@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 import redis
 from celery import Celery
@@ -132,24 +132,31 @@ class PreparedPublisher:
     def publish(self, task: str, task_id: str, kwargs: dict[str, Any], kwargsrepr: str) -> bool:
         """Push the message Celery would send for this call; False (nothing sent) where
         Celery's publish must send it."""
-        if not self._same_redis or not self._nothing_listens():
+        prepared = self.message(task, task_id, kwargs, kwargsrepr)
+        if prepared is None:
             return False
-        template = self._template(task)
-        if template is None:
-            return False
-        message = _fill(
-            template,
-            _body(template, kwargs),
-            task_id,
-            kwargsrepr,
-            self.app.thread_oid,
-            uuid(),
-        )
+        queue, message = prepared
         try:
-            self._client().lpush(template.queue, message)
+            self._client().lpush(queue, message)
         except redis.RedisError as exc:
             raise OperationalError(str(exc)) from exc  # as Celery's publish raises it
         return True
+
+    def message(
+        self, task: str, task_id: str, kwargs: dict[str, Any], kwargsrepr: str
+    ) -> tuple[str, str] | None:
+        """The queue's key and the message Celery would push for this call, to push on the
+        store's connection (``publish``, or the step's reservation itself); None where
+        Celery's publish must send it."""
+        if not self._same_redis or not self._nothing_listens():
+            return None
+        template = self._template(task)
+        if template is None:
+            return None
+        body = _body(template, kwargs)
+        return template.queue, _fill(
+            template, body, task_id, kwargsrepr, self.app.thread_oid, uuid()
+        )
 
     def _nothing_listens(self) -> bool:
         conf = self.app.conf
@@ -294,13 +301,21 @@ def _escapes_as_kombu() -> bool:
 
 
 def _broker_is_store(app: Celery, store_url: str) -> bool:
-    """Whether the broker is a Redis at the store's very URL, on saga's transport."""
+    """Whether the broker is a Redis at the store's very server and database, on saga's
+    transport (the URLs' client options, a ``client_name`` or a pool's size, may differ)."""
     conf = app.conf
     url = conf.get("broker_write_url") or conf.get("broker_url") or ""
     return (
         isinstance(url, str)
-        and url == store_url
+        and _database_of(url) == _database_of(store_url)
         and urlparse(url).scheme in ALIASES
         and conf.get("broker_transport") in ALIASES.values()
         and not (conf.get("broker_transport_options") or {}).get("global_keyprefix")
     )
+
+
+def _database_of(url: str) -> tuple[str, str, str]:
+    """A Redis URL's scheme, server (with its login) and database."""
+    parts = urlparse(url)
+    database = parts.path.strip("/") or parse_qs(parts.query).get("db", ["0"])[0]
+    return parts.scheme, parts.netloc, database

@@ -40,7 +40,7 @@ from saga.store_scripts import reachable as reachable
 from saga.store_scripts import script_missing as script_missing
 from saga.store_scripts import script_sources as script_sources
 from saga.store_transitions import REVOKE_KILLED as REVOKE_KILLED
-from saga.store_transitions import RunTransitions
+from saga.store_transitions import RunTransitions, StepPush
 from saga.turn_scripts import TurnScripts
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "RunPicture",
     "RunStore",
     "RunView",
+    "StepPush",
     "StepRecord",
 ]
 

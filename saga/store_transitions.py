@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from saga import payload
@@ -24,6 +25,16 @@ from saga.store_scripts import Outcome, StoreCore, outcome_of
 REVOKE_KILLED = "killed"
 
 
+@dataclass(frozen=True)
+class StepPush:
+    """A step's message, for the reservation to push to ``queue`` (a list on the store's
+    Redis) in the same script, if the step it reserves is ``step``."""
+
+    queue: str
+    step: int
+    message: str
+
+
 class RunTransitions(StoreCore):
     """The store's transitions of a run and its steps and compensations."""
 
@@ -36,16 +47,17 @@ class RunTransitions(StoreCore):
         gate: CallGate,
         marker: str = "",
         on_failure: str = "",
+        push: StepPush | None = None,
     ) -> Outcome:
         """Reserve the next step if ``gate`` holds right now: ``ok`` with the step number,
         or ``refused`` / ``ended`` / ``unknown``, having changed nothing; ``dup`` with the
         step a call with this ``marker`` got before. ``on_failure="feed_back"``: a final
-        failure of the step is recorded as ``rejected`` and the run goes on."""
+        failure of the step is recorded as ``rejected`` and the run goes on. ``push``: the
+        step's message, pushed in the same script if the step reserved is the one it was
+        made for (``ok``, the step, ``sent``)."""
         unsettled = ",".join(str(int(c)) for c in sorted(gate.unsettled_classes))
         before_pivot = int(gate.before_pivot)
-        return self._call(
-            "reserve",
-            run_id,
+        args: list[Any] = [
             tool,
             int(tool_class),
             args_json,
@@ -53,7 +65,11 @@ class RunTransitions(StoreCore):
             before_pivot,
             marker,
             on_failure,
-        )
+        ]
+        if push is None:
+            return self._call("reserve", run_id, *args)
+        args += [push.step, push.message]
+        return self._call("reserve", run_id, *args, extra=push.queue)
 
     def release(self, run_id: str, step: int, error: dict[str, Any]) -> Outcome:
         """The broker refused the step's message: ``ok`` (released), or ``started`` with the

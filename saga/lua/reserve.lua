@@ -1,5 +1,9 @@
 -- ARGV: tool, class, args_json, unsettled_classes (comma list), before_pivot ('0'/'1'),
---       marker ('' or the hosted loop's "<turn>:<call>"), on_failure ('' | 'feed_back')
+--       marker ('' or the hosted loop's "<turn>:<call>"), on_failure ('' | 'feed_back'),
+--       and, when the caller prepared the step's message (saga/prepared_publish.py): the step
+--       it was made for, and the message, pushed to the queue KEYS[7] (the broker is this
+--       Redis) only if that is the step reserved; {'ok', n, 'sent'} then. Otherwise the
+--       caller sends it once the script has answered, as it does without one.
 -- The gate (which classes must have settled, whether the run must be before its pivot)
 -- comes from saga/rules.py; this script only checks it atomically and reserves the step.
 -- A refusal changes nothing; the caller explains it from a fresh view.
@@ -38,4 +42,8 @@ end
 redis.call('HSET', STEPS, unpack(fields))
 redis.call('HSET', INFLIGHT, n, ARGV[2])
 bump_from(run[5], {'next_step', n})
+if ARGV[8] and tonumber(ARGV[8]) == n then
+  redis.call('LPUSH', KEYS[7], ARGV[9])
+  return {'ok', n, 'sent'}
+end
 return {'ok', n}

@@ -22,10 +22,11 @@ from celery import Celery
 from celery._state import _task_stack
 from celery.signals import before_task_publish
 
-from saga import RunState, Saga, Settings
-from saga.errors import DispatchError
+from saga import RunState, Saga, Settings, payload
+from saga.errors import DispatchError, StoreUnavailableError
 from saga.model import StepState
 from saga.prepared_publish import PreparedPublisher
+from saga.stack import ReplicaConfirmation
 from tests.conftest import MACHINE_REDIS, TEST_DB, TEST_STORE, redis_url_with_db
 from tests.integration.helpers import CREDIT, ORDER, demo_steps
 
@@ -65,11 +66,13 @@ def private(url: str, tmp_path: Path) -> Iterator[Saga]:
     made.store.client.close()
 
 
-def _both(saga: Saga, run_id: str, step: int, tool: str, args: Any) -> tuple[str, str]:
+def _both(
+    saga: Saga, run_id: str, step: int, tool: str, args: Any, args_json: str = ""
+) -> tuple[str, str]:
     """The list entry of the call prepared, then of the same call through ``send_task``."""
     client = redis.Redis.from_url(saga.settings.redis_url, decode_responses=True)
     core = saga.core
-    args_json = json.dumps(args)
+    args_json = args_json or json.dumps(args)
     core._send_step(run_id, step, tool, args, args_json)
     prepared = client.rpop(QUEUE)
     publish = core.prepared.publish
@@ -241,6 +244,7 @@ def test_a_push_the_redis_refuses_fails_the_call_and_releases_its_step(private: 
     prepared = private.core.prepared
     client = prepared._client
     prepared._client = lambda: Refusing()  # type: ignore[assignment, return-value]
+    private.core._next_steps[run.run_id] = 7  # (a wrong guess: the message is pushed apart)
     try:
         with pytest.raises(DispatchError, match="the broker is away"):
             run.call("get_order", order_id=ORDER)
@@ -255,27 +259,94 @@ def test_a_push_the_redis_refuses_fails_the_call_and_releases_its_step(private: 
     assert redis.Redis.from_url(private.settings.redis_url).llen(QUEUE) == 1
 
 
+def _queued(saga: Saga) -> list[dict[str, Any]]:
+    client = redis.Redis.from_url(saga.settings.redis_url, decode_responses=True)
+    raw = client.lrange(QUEUE, 0, -1)
+    client.delete(QUEUE)
+    client.close()
+    return [json.loads(m) for m in reversed(raw)]
+
+
+def test_the_reservation_pushes_the_message_of_the_step_it_reserves(private: Saga) -> None:
+    """One round trip: the step's message prepared for the run's next step is pushed by the
+    reservation's script, the same message Celery would send."""
+    core = private.core
+    pushed: list[str] = []
+    publish = core.prepared.publish
+    core.prepared.publish = lambda *a: bool(pushed.append(a[1]))  # type: ignore[method-assign]
+    run = private.start_run()
+    run.call("get_order", order_id=ORDER)
+    run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT)
+    core.prepared.publish = publish  # type: ignore[method-assign]
+    assert pushed == []  # nothing pushed apart
+    first, second = _queued(private)
+    assert [first["headers"]["id"], second["headers"]["id"]] == [
+        f"{run.run_id}:1",
+        f"{run.run_id}:2",
+    ]
+    # The same bytes as Celery's own message for that step, but for the delivery tag
+    wire = private.picture(run.run_id).step(2).args
+    args_json = payload.dumps(wire, what="arguments", limit=1 << 20)
+    _, celerys = _both(private, run.run_id, 2, "issue_credit", wire, args_json)
+    assert _without_tag(json.dumps(second))[1] == _without_tag(celerys)[1]
+
+
+def test_a_wrong_guess_of_the_next_step_pushes_nothing_with_the_reservation(
+    private: Saga,
+) -> None:
+    """Another caller reserved a step of the run meanwhile: the script reserves a later step
+    than the one the message was made for, pushes nothing, and the message of the step it
+    did reserve is pushed apart, once."""
+    run = private.start_run()
+    run.call("get_order", order_id=ORDER)
+    other = private.run(run.run_id)  # another handle: its dispatches move the same run on
+    private.core._next_steps.pop(run.run_id)
+    other.call("get_order", order_id=ORDER)  # guessed 1, given 2
+    assert private.core._next_steps[run.run_id] == 3
+    private.core._next_steps[run.run_id] = 2  # as a second process would still guess
+    run.call("get_order", order_id=ORDER)  # guessed 2, given 3
+    queued = _queued(private)
+    assert [m["headers"]["id"] for m in queued] == [f"{run.run_id}:{n}" for n in (1, 2, 3)]
+
+
+def test_replica_confirmation_pushes_the_message_after_the_reservation_is_confirmed(
+    url: str, tmp_path: Path
+) -> None:
+    """With replicas to confirm, the message must not exist before the reservation is on
+    one: the reservation pushes nothing (and here, with no replica, nothing is sent)."""
+    from tasks.tools import tools
+
+    database = f"sqlite:///{tmp_path / 'saga.db'}"
+    made = Saga(_app(url), tools, Settings(redis_url=url, database_url=database))
+    run = made.start_run()
+    made.store.confirmation = ReplicaConfirmation(1, 50)  # (no replica: none will confirm)
+    with pytest.raises(StoreUnavailableError, match="replica"):
+        run.call("get_order", order_id=ORDER)
+    assert _queued(made) == []
+    made.store.client.close()
+
+
 def test_a_worker_runs_prepared_steps(saga: Saga) -> None:
     """The session's worker runs the demo's steps from prepared messages, to the end."""
     real = saga
     if not real.core.prepared._same_redis:
         pytest.skip("this session's broker is not the store's Redis")
     counted: list[str] = []
-    publish = real.core.prepared.publish
+    message = real.core.prepared.message
 
-    def counting(task: str, *args: Any) -> bool:
-        done = publish(task, *args)
-        if done:
+    def counting(task: str, *args: Any) -> tuple[str, str] | None:
+        made = message(task, *args)
+        if made is not None:
             counted.append(task)
-        return done
+        return made
 
-    real.core.prepared.publish = counting  # type: ignore[method-assign]
+    real.core.prepared.message = counting  # type: ignore[method-assign]
     try:
         run = real.start_run()
         demo_steps(run)
         run.finish(timeout=20)
     finally:
-        real.core.prepared.publish = publish  # type: ignore[method-assign]
+        real.core.prepared.message = message  # type: ignore[method-assign]
     assert counted == [
         "tools.get_order",
         "tools.issue_credit",
@@ -283,3 +354,26 @@ def test_a_worker_runs_prepared_steps(saga: Saga) -> None:
         "tools.send_reply",
     ]
     assert real.store.view(run.run_id).state == RunState.COMPLETED  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("broker", "store", "same"),
+    [
+        ("redis://h:6379/0", "redis://h:6379/0?client_name=caller", True),
+        ("redis://h:6379", "redis://h:6379/0", True),
+        ("redis://h:6379/2", "redis://h:6379?db=2", True),
+        ("redis://h:6379/2", "redis://h:6379/3", False),
+        ("redis://h:6379/0", "redis://h:6380/0", False),
+        ("redis://:a@h:6379/0", "redis://:b@h:6379/0", False),
+        ("redis://h:6379/0", "rediss://h:6379/0", False),
+    ],
+)
+def test_the_broker_is_the_store_when_they_name_one_server_and_database(
+    broker: str, store: str, same: bool
+) -> None:
+    from saga.prepared_publish import _broker_is_store
+    from saga.transport import use_pooled_client_transport
+
+    app = _app(broker)
+    use_pooled_client_transport(app)
+    assert _broker_is_store(app, store) is same
