@@ -5,6 +5,11 @@ The step is reserved in Redis first (one script judges the call against the run'
 records it), then its message is published. A publish that raises releases the step again,
 unless a worker began it meanwhile (the message did get through): calling again would then make
 a second step, so the caller gets the step as it is.
+
+Where the step's message is prepared (``saga.prepared_publish``: Celery's own bytes, pushed on
+the store's connection), the reservation's script pushes it itself when it reserves the step
+the message was made for, the run's next as this process last saw it: one round trip, and a
+message that exists exactly when its step does. Otherwise it is published as above.
 """
 
 from __future__ import annotations
