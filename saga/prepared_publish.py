@@ -247,25 +247,13 @@ def _template_of(
     cut = {**message, "body": markers[0], "properties": {**properties}}
     tag = cut["properties"]["delivery_tag"]
     cut["properties"]["delivery_tag"] = markers[4]
-    pieces: list[str | int] = [_json_dumps(cut)]
+    # A format string: the text's own braces doubled, each marker (plain hex, no braces) its
+    # slot's field.
+    text = _json_dumps(cut).replace("{", "{{").replace("}", "}}")
     for index, mark in enumerate(markers):
-        spliced: list[str | int] = []
-        for piece in pieces:
-            if isinstance(piece, int):
-                spliced.append(piece)
-                continue
-            parts = piece.split(mark)
-            for n, part in enumerate(parts):
-                if n:
-                    spliced.append(index)
-                spliced.append(part)
-        pieces = spliced
-    if any(isinstance(piece, str) and marker in piece for piece in pieces):
+        text = text.replace(mark, f"{{{index}}}")
+    if marker in text:
         raise _NotPreparable("a marker in an unexpected place")
-    text = "".join(
-        f"{{{piece}}}" if isinstance(piece, int) else piece.replace("{", "{{").replace("}", "}}")
-        for piece in pieces
-    )
     template = _Template(queue, text, decoded[2], "json")
     rebuilt = _fill(template, _body(template, kwargs), markers[1], markers[2], markers[3], tag)
     if rebuilt != pristine or body != _serialized(template, kwargs) or not _escapes_as_kombu():
