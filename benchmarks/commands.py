@@ -105,7 +105,9 @@ def classify(lines: list[str], run_id: str, roles: dict[str, str]) -> dict[str, 
             inside = names.get(sha, sha[:8]) if run_id in rest else ""
         if run_id in rest or (command in ("MULTI", "EXEC") and who in ("caller", "worker")):
             script = inside or ""
-            own.append({"who": who, "command": command, "script": script})
+            # Which index a ZADD writes: the reaper's, or the listing's (by creation time).
+            plain = "ZADD created" if command == "ZADD" and ":created" in rest else command
+            own.append({"who": who, "command": command, "script": script, "plain": plain})
         elif command not in ("INFO", "CLIENT", "CONFIG"):
             celery[command] += 1
     # A MULTI/EXEC of the store brackets reads of the run: keep only those that do.
@@ -167,13 +169,16 @@ WHY = {
     "begin_compensation": "check before run of an undo, fenced by the unwind's owner; lease",
     "record_compensation": "the undo confirmed done: off the stack",
     "conclude": "the run ends once (version-fenced for an unwind)",
-    "mark_recorded": "the SQL record is written: now the keys may expire",
+    "mark_recorded": "the SQL record is written: now the keys may expire (and the reaper's "
+    "index entry moves to after they have)",
 }
 
 
 #: Why a plain command is sent (the reads inside a MULTI are the run's six keys).
 WHY_PLAIN = {
-    "ZADD": "the reaper's index: due at the deadline (first), after the keys expire (last)",
+    "ZADD": "the reaper's index: due at the deadline",
+    "ZADD created": "the listing's index by creation time (NX: a new run only), in the same "
+    "round trip",
     "BLPOP": "wait for the settle or end signal: blocking, no polling",
     "HMGET": "the step's outcome (same round trip as the BLPOP), or the run's head (wait)",
     "MULTI": "one consistent reading of the whole run (its six keys)",
@@ -188,7 +193,7 @@ def markdown(path: str, traced: dict[str, Any]) -> str:
         if c["who"] == "script":
             continue
         number += 1
-        script, why = "", WHY_PLAIN.get(c["command"], "")
+        script, why = "", WHY_PLAIN.get(c.get("plain", c["command"]), "")
         if c["command"] == "EVALSHA":
             inside = 0
             while i + 1 + inside < len(commands) and commands[i + 1 + inside]["who"] == "script":

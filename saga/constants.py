@@ -17,6 +17,9 @@ CONFIRM_PROBE_KEY = f"{KEY_PREFIX}:confirm"
 
 #: Sorted set of runs not yet ended, for the reaper (outside any run's hash tag).
 ACTIVE_RUNS_KEY = f"{KEY_PREFIX}:active"
+#: Seconds after a recorded run's keys expire that the reaper looks at it (to drop it from
+#: its index).
+LOOK_AFTER_EXPIRY = 60.0
 #: The agents the workers host, by name (JSON: deadline, tools, approval), published by each
 #: worker as it starts: what lets a web app refuse a run of an agent no worker runs.
 AGENTS_KEY = f"{KEY_PREFIX}:agents"

@@ -61,8 +61,6 @@ _CONCLUDE_ATTEMPTS = 100
 LEASE_MARGIN_SECONDS = 2.0
 #: The lease when the app sets no time limit (the start-up guard refuses that on Redis).
 _DEFAULT_TIME_LIMIT = 300.0
-#: Seconds past a run's retention before the reaper checks its keys are gone.
-_EXPIRY_MARGIN = 60.0
 #: How soon the reaper tells the listeners again of a question one of them failed to take.
 RETELL_SECONDS = 30.0
 
@@ -370,9 +368,6 @@ class Core(Dispatcher):
             return None
         metrics.run_ended(picture.state.value)
         telemetry.run_ended(picture)
-        # Look again when the keys have expired, to drop the run from the index.
-        expiry = self.store.now() + self.store.retention_seconds + _EXPIRY_MARGIN
-        self.store.schedule(run_id, expiry)
         return replace(picture, recorded=True, recorded_version=picture.version)
 
     def behind_records(

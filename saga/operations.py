@@ -47,8 +47,6 @@ logger = logging.getLogger("saga.operations")
 
 #: How often a requeue re-reads a run that moved between its reading and its script.
 _ATTEMPTS = 5
-#: Seconds past a run's retention before the reaper checks its keys are gone.
-_EXPIRY_MARGIN = 60.0
 _CORRECTABLE = (CompensationState.FAILED, CompensationState.PENDING)
 
 
@@ -357,9 +355,7 @@ def _record(core: Core, run_id: str) -> None:
         core.records.record_outcome(picture)
     except StaleRecordError:  # the run moved on since it was read: its newer record stands
         return
-    if core.store.mark_recorded(run_id, picture.version):
-        expiry = core.store.now() + core.store.retention_seconds + _EXPIRY_MARGIN
-        core.store.schedule(run_id, expiry)
+    core.store.mark_recorded(run_id, picture.version)
 
 
 def _reread(core: Core, escalation: str) -> EscalationRecord:

@@ -38,7 +38,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from saga import metrics
-from saga.constants import step_idempotency_key
+from saga.constants import LOOK_AFTER_EXPIRY, step_idempotency_key
 from saga.core import Core
 from saga.errors import RunEndedError, StoreUnavailableError, UnknownToolError
 from saga.model import CompensationState, RunState, StepState, ToolClass
@@ -180,7 +180,8 @@ def _reap_one(core: Core, run_id: str, due: float, now: float, report: ReapRepor
             core.record_end(run_id)  # raises while the database is away: tried again later
             report.recorded.append(run_id)
         else:
-            core.store.schedule(run_id, (head.ended or now) + core.store.retention_seconds + 60)
+            look = core.store.retention_seconds + LOOK_AFTER_EXPIRY
+            core.store.schedule(run_id, (head.ended or now) + look)
         return
     # An unwinding run is read whole once per pass: for a question to a person, for steps in
     # doubt, and (past its deadline) to be resolved.

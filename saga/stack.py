@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from saga.constants import IndexLayout
+from saga.constants import LOOK_AFTER_EXPIRY, IndexLayout
 from saga.picture import CompensationRecord, RunPicture, RunView, StepRecord
 from saga.redis_urls import redis_client
 from saga.settings import Settings
@@ -103,3 +103,19 @@ class RunStore(RunIndexes, RunReads, RunTransitions, TurnScripts):
             layout=replace(settings, redis_url=url or settings.redis_url).index_layout(),
             **settings.redis_options,
         )
+
+    def mark_recorded(self, run_id: str, version: str, notify: bool = True) -> bool:
+        """The record of ``version`` is written: let the keys expire, (``notify``) wake
+        whoever waits for the run's end, and have the reaper look at the run once the keys
+        have expired, to drop it from its index.
+
+        On one Redis the index entry is written by the same script: one round trip, and with
+        ``appendfsync always`` one wait for the disk, at every run's end. On a cluster the
+        run's index shard is in another slot than its keys, so the entry is written after."""
+        self.check_layout()
+        if not self.clustered:
+            return self._mark_recorded(run_id, version, notify, self.layout.active_of(run_id))
+        if not self._mark_recorded(run_id, version, notify, ""):
+            return False
+        self.schedule(run_id, self.now() + self.retention_seconds + LOOK_AFTER_EXPIRY)
+        return True

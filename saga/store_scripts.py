@@ -194,13 +194,20 @@ class StoreCore:
         self._offset_measured = float("-inf")
 
     def _call(
-        self, script: str, run_id: str, *args: Any, step: int | None = None, extra: str = ""
+        self,
+        script: str,
+        run_id: str,
+        *args: Any,
+        step: int | None = None,
+        extra: str | Sequence[str] = (),
     ) -> Outcome:
         keys = script_keys(run_id)
         if step is not None:
             keys.append(settled_key(run_id, step))
-        elif extra:
-            keys.append(extra)
+        elif isinstance(extra, str):
+            keys += [extra] if extra else []
+        else:
+            keys += extra
         with reachable(script):
             raw = self._scripts[script](keys=keys, args=list(args))
             self._confirm(script, run_id)

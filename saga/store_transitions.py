@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from saga import payload
-from saga.constants import ended_key
+from saga.constants import LOOK_AFTER_EXPIRY, ended_key
 from saga.model import RunState, ToolClass
 from saga.picture import RunPicture, hashes_of
 from saga.rules import CallGate
@@ -231,11 +231,16 @@ class RunTransitions(StoreCore):
         """``version``: conclude only if the run is still at it (``moved`` otherwise)."""
         return self._call("conclude", run_id, state.value, reason, owner, version)
 
-    def mark_recorded(self, run_id: str, version: str, notify: bool = True) -> bool:
-        """The record of ``version`` is written: let the keys expire, and (``notify``) wake
-        whoever waits for the run's end."""
-        args = (version, self.retention_seconds, int(notify))
-        return self._call("mark_recorded", run_id, *args, extra=ended_key(run_id)).status == "ok"
+    def _mark_recorded(self, run_id: str, version: str, notify: bool, index: str) -> bool:
+        """``RunStore.mark_recorded``'s script. ``index``: the run's shard of the reaper's
+        index on the same server (not a cluster), where the script moves the run's entry to
+        when the keys will have expired; ``""``: the caller does."""
+        args: tuple[Any, ...] = (version, self.retention_seconds, int(notify))
+        keys = [ended_key(run_id)]
+        if index:
+            keys.append(index)
+            args += (run_id, self.retention_seconds + LOOK_AFTER_EXPIRY)
+        return self._call("mark_recorded", run_id, *args, extra=keys).status == "ok"
 
     def requeue(
         self,

@@ -19,7 +19,13 @@ import redis
 from redis.crc import key_slot
 
 from saga import payload
-from saga.constants import agent_key, compensation_idempotency_key, run_keys, settled_key
+from saga.constants import (
+    LOOK_AFTER_EXPIRY,
+    agent_key,
+    compensation_idempotency_key,
+    run_keys,
+    settled_key,
+)
 from saga.errors import StoreUnavailableError
 from saga.model import CompensationState, RunState, StepState, ToolClass
 from saga.rules import gate_for
@@ -578,11 +584,16 @@ def test_conclude_is_fenced_and_keys_expire_once_recorded(store: RunStore, new_r
     assert existing == [run_keys(run_id)[i] for i in (0, 1, 4)]  # inflight and stack are empty
     # (kept until the SQL record is written: a record of another version does not count)
     assert all(store.client.ttl(key) == -1 for key in existing)
+    due = store.due_at(run_id)
     assert not store.mark_recorded(run_id, str(int(first.values[0]) - 1))
+    assert store.due_at(run_id) == due  # a refused mark leaves the reaper's look where it was
     assert store.mark_recorded(run_id, str(first.values[0]))
     for key in existing:
         ttl = store.client.ttl(key)
         assert 0 < ttl <= RETENTION, (key, ttl)  # type: ignore[operator]
+    # the reaper looks again once the keys have expired (the same script wrote the entry)
+    expired = store.now() + RETENTION + LOOK_AFTER_EXPIRY
+    assert expired - 5 <= (store.due_at(run_id) or 0) <= expired
 
 
 def test_conclude_keeps_the_reason_when_none_is_given(store: RunStore, new_run: NewRun) -> None:

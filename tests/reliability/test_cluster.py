@@ -25,7 +25,7 @@ from celery import Celery
 from saga import Saga, Settings
 from saga.aio import AsyncClient
 from saga.client import Client
-from saga.constants import IndexLayout, run_keys
+from saga.constants import LOOK_AFTER_EXPIRY, IndexLayout, run_keys
 from saga.errors import ConfigurationError, StoreUnavailableError
 from saga.guard import lease_failover_problem
 from saga.listing import RunFilter, list_runs
@@ -146,6 +146,9 @@ def test_a_run_lives_on_one_master_and_its_index_entries_on_their_shards(
     store = saga.store
     assert store.client.zscore(layout.created_of(run.run_id), run.run_id) is not None
     assert run.run_id in store.active_runs()
+    # recorded: the reaper looks again once the keys have expired (an entry on another master)
+    expired = store.now() + store.retention_seconds + LOOK_AFTER_EXPIRY
+    assert expired - 30 <= (store.due_at(run.run_id) or 0) <= expired
     assert run.run_id in [r.run_id for r in list_runs(store, None, RunFilter(limit=20))]
     # A hosted run (its turn stays queued: no turn worker) in the clients' listings.
     client = Client(redis_url=nodes.url(), settings=saga.settings)
