@@ -33,10 +33,9 @@ def behind_records(
     conclusion itself sets ``recorded_version``). Keys from before ``recorded_version`` was
     kept are judged by their version alone. Raises what the database raises (the caller
     tries again later)."""
-    record = records.run(run_id)
-    if record is None or record.version is None:
+    recorded_state, sql = records.recorded_as(run_id) or ("", None)
+    if sql is None:
         return ""
-    sql = record.version
 
     def older(state: RunState, version: str, recorded_version: str | None) -> bool:
         if not version.isdigit():
@@ -57,6 +56,6 @@ def behind_records(
         return ""
     seen = "no end" if now.recorded_version in (None, "", "0") else f"v{now.recorded_version}"
     return (
-        f"SQL recorded it {record.state} at version {sql}; its Redis keys say "
+        f"SQL recorded it {recorded_state} at version {sql}; its Redis keys say "
         f"{now.state.value} at version {now.version}, having reached {seen}"
     )

@@ -230,6 +230,13 @@ class RecordStore:
         with Session(self.engine, expire_on_commit=False) as session:
             return session.get(RunRecord, run_id)
 
+    def recorded_as(self, run_id: str) -> tuple[str, int | None] | None:
+        """The state and version the run is recorded at; None if it is not. Two columns, not
+        the row: every unwind asks it (``saga.divergence``) before its chain is sent."""
+        with self.engine.connect() as connection:
+            row = connection.execute(_RECORDED_AS, {"b_run": run_id}).first()
+        return None if row is None else (str(row[0]), row[1])
+
     def runs(
         self,
         state: str | None = None,
@@ -332,6 +339,9 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+_RECORDED_AS = select(RunRecord.state, RunRecord.version).where(
+    RunRecord.run_id == bindparam("b_run")
+)
 _STEPS = cast(Table, RunStepRecord.__table__)
 _COMPENSATIONS = cast(Table, RunCompensationRecord.__table__)
 _TRANSCRIPTS = cast(Table, TranscriptRecord.__table__)
