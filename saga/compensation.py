@@ -27,6 +27,7 @@ from saga.delivery import (
 )
 from saga.errors import StepInDoubtError
 from saga.model import StepContext
+from saga.picture import RunPicture
 from saga.tools import Tool
 
 # The workers' logger, whichever of their modules logs: operators and tests match its name.
@@ -83,7 +84,7 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
             metrics.compensation(tool.name, "retried")
             countdown = broker_countdown(task.app.conf, tool.retry.delay(attempt))
             raise task.retry(exc=exc, countdown=countdown) from exc
-        _record_compensation(core, run_id, step, "fail", error_of(exc, attempt), claim)
+        last = _recorded_last(core, task, run_id, step, "fail", error_of(exc, attempt), claim)
         metrics.compensation(tool.name, "failed")
         logger.error(
             "run %s: compensation %s of step %d failed for good after %d attempt(s): %s",
@@ -93,11 +94,11 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
             attempt,
             exc,
         )
-        _continue_chain(core, task, run_id)
+        _continue_chain(core, task, run_id, last)
         raise
-    _record_compensation(core, run_id, step, "done", None, claim)
+    last = _recorded_last(core, task, run_id, step, "done", None, claim)
     metrics.compensation(tool.name, "done")
-    _conclude_here(core, task, run_id)
+    _conclude_here(core, task, run_id, last)
     return {"compensated": step}
 
 
@@ -146,37 +147,67 @@ def _record_compensation(
     )
 
 
-def _conclude_here(core: Core, task: Task, run_id: str) -> None:
+def _recorded_last(
+    core: Core,
+    task: Task,
+    run_id: str,
+    step: int,
+    outcome: str,
+    error: dict[str, Any] | None,
+    claim: str,
+) -> RunPicture | None:
+    """``_record_compensation``; when all that is left of the chain is its conclusion, with
+    the run read back in the same transaction: the picture ``_conclude_here`` judges, without
+    a round trip of its own. None when it was not read."""
+    if _conclusion_left(task, run_id) is None:
+        _record_compensation(core, run_id, step, outcome, error, claim)
+        return None
+    what = f"run {run_id} undo {step}: {outcome}"
+    record = core.store.record_last_compensation
+    return patiently(core, what, record, run_id, step, outcome, error, claim)[1]
+
+
+def _conclusion_left(task: Task, run_id: str) -> dict[str, Any] | None:
+    """The arguments of the unwind's conclusion (``saga.conclude_unwind`` of ``run_id``), when
+    it is all that is left of this task's chain; None otherwise."""
+    chain = task.request.chain
+    if not chain or len(chain) != 1:
+        return None
+    following = chain[0]
+    kwargs = following.get("kwargs") or {}
+    if following.get("task") != CONCLUDE_UNWIND_TASK or kwargs.get("run_id") != run_id:
+        return None
+    return dict(kwargs)
+
+
+def _conclude_here(core: Core, task: Task, run_id: str, picture: RunPicture | None = None) -> None:
     """When all that is left of this unwind's chain is its conclusion, conclude here rather
     than send it: the call ``saga.conclude_unwind`` would make, one Celery message fewer per
     unwind. The compensation's outcome is recorded already, as it is when the tracer sends
     that message, and a redelivery of this task replays its outcome and comes here again.
     If the conclusion raises (the stack's Redis or the records database away), the message is
-    sent as before and retries on its own."""
-    chain = task.request.chain
-    if not chain or len(chain) != 1:
-        return
-    following = chain[0]
-    kwargs = following.get("kwargs") or {}
-    if following.get("task") != CONCLUDE_UNWIND_TASK or kwargs.get("run_id") != run_id:
+    sent as before and retries on its own. ``picture``: the run as read with the undo's
+    outcome (``_recorded_last``)."""
+    kwargs = _conclusion_left(task, run_id)
+    if kwargs is None:
         return
     try:
-        core.conclude(run_id, str(kwargs.get("owner") or ""), kwargs.get("sent_at"))
+        core.conclude(run_id, str(kwargs.get("owner") or ""), kwargs.get("sent_at"), picture)
     except Exception as exc:
         logger.warning("run %s: concluding after its last undo failed (%r): sent", run_id, exc)
         return
     task.request.chain = None  # concluded: Celery's tracer has nothing left to send
 
 
-def _continue_chain(core: Core, task: Task, run_id: str) -> None:
+def _continue_chain(core: Core, task: Task, run_id: str, picture: RunPicture | None = None) -> None:
     """Send the rest of the unwind although this compensation failed.
 
     The seed's rule: a failed compensation is recorded and the older ones still run. Celery
     stops a chain at a failed task, so the task hands the chain on itself, as Celery's tracer
     does on success (concluding here when nothing else is left), and then fails visibly
-    (Flower shows it red).
+    (Flower shows it red). ``picture``: as ``_conclude_here`` takes it.
     """
-    _conclude_here(core, task, run_id)
+    _conclude_here(core, task, run_id, picture)
     remaining = list(task.request.chain or [])
     task.request.chain = None
     try:

@@ -214,7 +214,7 @@ class Core(Dispatcher):
             self.start_unwind(run_id, "abort")
         return True
 
-    def start_unwind(self, run_id: str, owner: str) -> bool:
+    def start_unwind(self, run_id: str, owner: str, picture: RunPicture | None = None) -> bool:
         """Queue the compensations still to run, most recent first, as one Celery chain ending
         in ``saga.conclude_unwind`` (which the last compensation's task makes itself when it
         can: ``saga.compensation``); past the pivot, conclude at once (escalate, no unwinding).
@@ -225,8 +225,11 @@ class Core(Dispatcher):
         broker refused the chain (logged; the reaper sends it at the run's deadline), and when
         the run's keys are older than its SQL record (``behind_records``): nothing is undone
         from a store that went back in time.
+
+        ``picture``: the run as read in the transaction that made ``owner`` the owner (not
+        read again).
         """
-        picture = self.picture(run_id)
+        picture = picture or self.picture(run_id)
         try:
             behind = self.behind_records(
                 run_id, picture.state, picture.version, picture.recorded_version
@@ -257,7 +260,13 @@ class Core(Dispatcher):
         logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
         return True
 
-    def conclude(self, run_id: str, owner: str = "", sent_at: float | None = None) -> RunState:
+    def conclude(
+        self,
+        run_id: str,
+        owner: str = "",
+        sent_at: float | None = None,
+        picture: RunPicture | None = None,
+    ) -> RunState:
         """End an unwinding run: compensated, or escalated with the whole picture.
 
         ``owner`` is the unwind whose chain concludes: a chain the reaper has since replaced
@@ -267,9 +276,12 @@ class Core(Dispatcher):
 
         The verdict is judged on one reading of the run and concluded only if the run is still
         at that version; the record is then written from the same reading, with what the
-        conclusion changed, instead of reading the run again."""
+        conclusion changed, instead of reading the run again. ``picture``: that reading, as
+        the transaction that recorded the last undo made it (a run that moved since is read
+        again, as any reading found stale)."""
+        known = picture
         for _ in range(_CONCLUDE_ATTEMPTS):
-            picture = self.picture(run_id)
+            picture, known = known or self.picture(run_id), None
             if picture.state.ended:
                 self._record_if_pending(run_id)
                 return picture.state

@@ -183,17 +183,15 @@ def _in_doubt(core: Core, run_id: str, step: int, error: dict[str, Any]) -> None
 
 
 def _record_failure(core: Core, run_id: str, step: int, error: dict[str, Any], event: str) -> None:
-    outcome = patiently(
-        core,
-        f"run {run_id} step {step}: the failure",
-        core.store.record_failure,
-        run_id,
-        step,
-        error,
-        event,
-    )
+    what = f"run {run_id} step {step}: the failure"
+    picture = None
+    if event == "fail":  # read back with it: the unwind it may own starts from that reading
+        store = core.store
+        outcome, picture = patiently(core, what, store.record_final_failure, run_id, step, error)
+    else:
+        outcome = patiently(core, what, core.store.record_failure, run_id, step, error, event)
     if outcome.owns_unwind:
-        core.start_unwind(run_id, f"step:{step}")
+        core.start_unwind(run_id, f"step:{step}", picture)
     # The script checked the step's hosted turn when it settled it (not on a repeat).
     turn_done = int(outcome.values[1]) if outcome.status == "ok" else None
     core.step_settled(run_id, step, turn_done)

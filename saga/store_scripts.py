@@ -284,9 +284,6 @@ class StoreCore:
             self._offset_measured = host
         return time.time() + self._offset
 
-    def _queue_script(self, pipe: Any, name: str, run_id: str, args: Sequence[Any]) -> None:
-        queue_script(pipe, self._scripts[name].sha, run_id, args)
-
     def _pipelined(
         self, name: str, run_id: str, queue: Callable[[Any], None], *, transaction: bool
     ) -> list[Any]:
@@ -307,10 +304,13 @@ class StoreCore:
         return answers
 
 
-def queue_script(pipe: Any, sha: str, run_id: str, args: Sequence[Any]) -> None:
+def queue_script(
+    pipe: Any, sha: str, run_id: str, args: Sequence[Any], extra: Sequence[str] = ()
+) -> None:
     """Queue the script of ``sha`` on ``pipe`` (sync or asyncio) by its SHA alone: redis-py's
-    own pipelined scripts cost a SCRIPT EXISTS round trip on every execute."""
-    keys = script_keys(run_id)
+    own pipelined scripts cost a SCRIPT EXISTS round trip on every execute. ``extra``: the
+    keys after the run's (``KEYS[7]`` on)."""
+    keys = [*script_keys(run_id), *extra]
     pipe.evalsha(sha, len(keys), *keys, *args)
 
 

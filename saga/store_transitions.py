@@ -9,17 +9,17 @@ store's callers name a transition, never a script and the position of its argume
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from saga import payload
-from saga.constants import LOOK_AFTER_EXPIRY, ended_key
+from saga.constants import LOOK_AFTER_EXPIRY, ended_key, settled_key
 from saga.model import RunState, ToolClass
 from saga.picture import RunPicture, hashes_of
 from saga.rules import CallGate
 from saga.store_reads import picture_of, read_picture
-from saga.store_scripts import Outcome, StoreCore, outcome_of
+from saga.store_scripts import Outcome, StoreCore, outcome_of, queue_script
 
 #: A revoke's claim saying the running execution was killed (SIGKILL): its lease ends with it.
 REVOKE_KILLED = "killed"
@@ -121,6 +121,15 @@ class RunTransitions(StoreCore):
         the run goes on) or ``never_started`` (the reaper's verdict, refused for a step a
         delivery began)."""
         return self._call("record_failure", run_id, step, _error_json(error), event, step=step)
+
+    def record_final_failure(
+        self, run_id: str, step: int, error: dict[str, Any]
+    ) -> tuple[Outcome, RunPicture | None]:
+        """``record_failure`` (``fail``), and the run read back in the same transaction: the
+        picture the unwind's owner starts from (``Core.start_unwind``), without a round trip
+        of its own between the failure and the unwind's chain."""
+        args = (step, _error_json(error), "fail")
+        return self._call_and_read("record_failure", run_id, args, [settled_key(run_id, step)])
 
     def record_retry(self, run_id: str, step: int, error: dict[str, Any], hold: float) -> Outcome:
         return self._call("record_retry", run_id, step, _error_json(error), hold)
@@ -225,6 +234,15 @@ class RunTransitions(StoreCore):
             "record_compensation", run_id, step, outcome, _error_json(error), claim, owner
         )
 
+    def record_last_compensation(
+        self, run_id: str, step: int, outcome: str, error: dict[str, Any] | None, claim: str
+    ) -> tuple[Outcome, RunPicture | None]:
+        """``record_compensation`` of the unwind's last undo (``done`` or ``fail``), and the
+        run read back in the same transaction: the picture its conclusion is judged on
+        (``Core.conclude``), without a round trip of its own."""
+        args = (step, outcome, _error_json(error), claim, "")
+        return self._call_and_read("record_compensation", run_id, args)
+
     def conclude(
         self, run_id: str, state: RunState, reason: str = "", owner: str = "", version: str = ""
     ) -> Outcome:
@@ -276,14 +294,21 @@ class RunTransitions(StoreCore):
     def complete(self, run_id: str) -> tuple[Outcome, RunPicture | None]:
         """Conclude a running run as completed and read it back, in one transaction (one
         round trip): the outcome, and the picture as the conclusion left it."""
-        args = [RunState.COMPLETED.value, "", ""]
+        return self._call_and_read("conclude", run_id, (RunState.COMPLETED.value, "", ""))
+
+    def _call_and_read(
+        self, script: str, run_id: str, args: Sequence[Any], extra: Sequence[str] = ()
+    ) -> tuple[Outcome, RunPicture | None]:
+        """``script`` and the whole run read in one transaction (one round trip): the
+        outcome, and the picture as the script left it (None: no run). ``extra``: the keys
+        after the run's, as ``_call`` takes them."""
 
         def queue(pipe: Any) -> None:
-            self._queue_script(pipe, "conclude", run_id, args)
+            queue_script(pipe, self._scripts[script].sha, run_id, args, extra)
             read_picture(pipe, run_id)
 
-        raw, *read = self._pipelined("conclude", run_id, queue, transaction=True)
-        return outcome_of("conclude", run_id, raw, args), picture_of(run_id, read)
+        raw, *read = self._pipelined(script, run_id, queue, transaction=True)
+        return outcome_of(script, run_id, raw, args), picture_of(run_id, read)
 
 
 def _error_json(error: dict[str, Any] | None) -> str:

@@ -725,7 +725,7 @@ def _losing_one_reply(h: Harness, script: str, outcome: str = "") -> dict[str, i
     run on the server and lose its reply, as a connection reset after the EVALSHA would."""
     from saga.errors import StoreUnavailableError
 
-    store, real = h.saga.store, h.saga.store._call
+    store, real, real_read = h.saga.store, h.saga.store._call, h.saga.store._call_and_read
     lost = {"left": 1}
 
     def lose_one(name: str, rid: str, *args: Any, **kw: Any) -> Any:
@@ -735,7 +735,16 @@ def _losing_one_reply(h: Harness, script: str, outcome: str = "") -> dict[str, i
             raise StoreUnavailableError("the reply was lost")
         return answer
 
+    def lose_one_with_its_reading(name: str, rid: str, args: Any, extra: Any = ()) -> Any:
+        # The script and the reading after it are one transaction: one reply to lose.
+        answer = real_read(name, rid, args, extra)
+        if name == script and lost["left"] and (not outcome or args[1] == outcome):
+            lost["left"] -= 1
+            raise StoreUnavailableError("the reply was lost")
+        return answer
+
     store._call = lose_one  # type: ignore[method-assign]
+    store._call_and_read = lose_one_with_its_reading  # type: ignore[method-assign]
     return lost
 
 

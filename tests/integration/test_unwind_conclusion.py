@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from saga import RunState
-from saga.constants import CONCLUDE_UNWIND_TASK
+from saga.constants import CONCLUDE_UNWIND_TASK, run_keys
 from saga.errors import StoreUnavailableError
 from tests.integration.engine_harness import Harness, harness
 
@@ -128,3 +128,81 @@ def test_a_last_undo_redelivered_after_a_death_before_concluding_concludes_once(
     picture = h.saga.picture(run_id)
     assert picture.state is RunState.COMPENSATED and picture.recorded
     assert h.world.reversals == [f"{run_id}:{second}:undo", f"{run_id}:{first}:undo"]
+
+
+def counting_readings(h: Harness, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every whole reading of a run (``RunStore.picture``) from now on, by run id."""
+    real, readings = h.saga.store.picture, []
+
+    def counted(run_id: str) -> object:
+        readings.append(run_id)
+        return real(run_id)
+
+    monkeypatch.setattr(h.saga.store, "picture", counted)
+    return readings
+
+
+def test_a_final_failure_starts_its_unwind_from_the_reading_taken_with_it(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a run with a credit applied, whose stock hold fails for good (two attempts)
+    run_id = h.start()
+    credit = h.saga.dispatch(run_id, "issue_credit", {"amount": 100}).step
+    h.deliver(h.take("tools.issue_credit", run_id=run_id, step=credit))
+    h.world.failing_holds = 100
+    hold = h.saga.dispatch(run_id, "hold_stock", {"sku": "A-1"}).step
+    h.deliver(h.take("tools.hold_stock", run_id=run_id, step=hold))  # the first attempt: retry
+    # When its last attempt fails
+    readings = counting_readings(h, monkeypatch)
+    h.deliver(h.take("tools.hold_stock", run_id=run_id, step=hold))
+    # Then the unwind's chain is sent from the reading made with the failure's record, in the
+    # same transaction: the run is not read again in between
+    assert readings == []
+    assert h.saga.picture(run_id).state is RunState.UNWINDING
+    h.deliver(h.take(REVERSE, compensates=credit))
+    picture = h.saga.picture(run_id)
+    assert picture.state is RunState.COMPENSATED and picture.recorded
+    assert h.world.reversals == [f"{run_id}:{credit}:undo"]
+
+
+def test_the_last_undo_concludes_on_the_reading_taken_with_its_outcome(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an aborted run whose newest reversal has run
+    run_id, first, second = aborted_with_two_credits(h)
+    h.deliver(h.take(REVERSE, compensates=second))
+    # When the last one runs
+    readings = counting_readings(h, monkeypatch)
+    h.deliver(h.take(REVERSE, compensates=first))
+    # Then it concluded and recorded the run on the reading made with its own outcome
+    assert readings == []
+    picture = h.saga.picture(run_id)
+    assert picture.state is RunState.COMPENSATED and picture.recorded
+
+
+def test_a_run_that_moved_after_the_last_undo_was_recorded_is_read_again_to_conclude(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an aborted run whose last undo's reading goes stale at once (another transition
+    # of the run lands between the undo's transaction and the conclusion)
+    run_id, first, second = aborted_with_two_credits(h)
+    h.deliver(h.take(REVERSE, compensates=second))
+    store = h.saga.store
+    real = store.record_last_compensation
+
+    def then_moved(*args: object, **kwargs: object) -> object:
+        answered = real(*args, **kwargs)  # type: ignore[arg-type]
+        store.client.hincrby(run_keys(run_id)[0], "version", 1)
+        return answered
+
+    monkeypatch.setattr(store, "record_last_compensation", then_moved)
+    readings = counting_readings(h, monkeypatch)
+    # When the last undo runs
+    h.deliver(h.take(REVERSE, compensates=first))
+    # Then the conclusion on the stale reading was refused by its version fence, and the run
+    # read again and concluded, its record of the version it ended at
+    assert readings == [run_id]
+    picture = h.saga.picture(run_id)
+    assert picture.state is RunState.COMPENSATED and picture.recorded
+    record = h.saga.records.run(run_id)
+    assert record is not None and str(record.version) == picture.version

@@ -453,7 +453,10 @@ class Engine:
         self._real_picture = store.picture
         store._call = self._call  # type: ignore[method-assign]
         store.picture = self._picture  # type: ignore[method-assign]
-        if hasattr(store, "complete"):  # older code concludes through ``_call``
+        if hasattr(store, "_call_and_read"):  # a script and a reading in one round trip
+            self._real_call_and_read = store._call_and_read
+            store._call_and_read = self._call_and_read  # type: ignore[method-assign]
+        elif hasattr(store, "complete"):  # older code concludes through ``_call``
             self._real_complete = store.complete
             store.complete = self._complete  # type: ignore[method-assign]
         records = self.saga.records
@@ -505,6 +508,22 @@ class Engine:
         if self.hooks.after_script(script, run_id, str(getattr(outcome, "status", ""))):
             raise StoreUnavailableError(f"saga store unreachable ({script}): the reply was lost")
         return outcome
+
+    def _call_and_read(
+        self, script: str, run_id: str, args: Any, extra: Any = ()
+    ) -> tuple[Any, Any]:
+        """A script and the whole run read back in one transaction (the caller's conclusion,
+        a step's final failure, the last undo's outcome): its reply may be lost like any
+        script's; answered, it is a script that ran (``after_script``) and a reading like
+        ``picture``'s."""
+        if self.hooks.lose_reply(script, run_id):
+            self._real_call_and_read(script, run_id, args, extra)
+            raise StoreUnavailableError(f"saga store unreachable ({script}): the reply was lost")
+        outcome, picture = self._real_call_and_read(script, run_id, args, extra)
+        if self.hooks.after_script(script, run_id, str(getattr(outcome, "status", ""))):
+            raise StoreUnavailableError(f"saga store unreachable ({script}): the reply was lost")
+        self.hooks.after_read(run_id)
+        return outcome, picture
 
     def _complete(self, run_id: str) -> Any:
         """The conclude script and the read after it are one round trip: its reply may be
