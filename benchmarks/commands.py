@@ -181,7 +181,8 @@ WHY_PLAIN = {
     "round trip",
     "BLPOP": "wait for the settle or end signal: blocking, no polling",
     "HMGET": "the step's outcome (same round trip as the BLPOP), or the run's head (wait)",
-    "MULTI": "one consistent reading of the whole run (its six keys)",
+    "MULTI": "one transaction: the script in it, if any, then a reading of the whole run (its "
+    "six keys)",
 }
 
 
