@@ -224,10 +224,8 @@ class Core(Dispatcher):
         their recorded state and lease before running), never zero times. False when the
         broker refused the chain (logged; the reaper sends it at the run's deadline), and when
         the run's keys are older than its SQL record (``behind_records``): nothing is undone
-        from a store that went back in time.
-
-        ``picture``: the run as read in the transaction that made ``owner`` the owner (not
-        read again).
+        from a store that went back in time. ``picture``: the run as read in the transaction
+        that made ``owner`` the owner (not read again).
         """
         picture = picture or self.picture(run_id)
         try:
