@@ -18,7 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, cast
 
+import redis
 from redis.asyncio.cluster import PipelineCommand, RedisCluster
+from redis.exceptions import NoScriptError
 
 from saga.agents.launch import published_entry
 from saga.client import no_run
@@ -54,6 +56,7 @@ from saga.stack import (
     read_picture,
     script_missing,
     script_sources,
+    still_missing,
 )
 
 __all__ = ["AsyncRunStore", "Publisher"]
@@ -172,9 +175,11 @@ class AsyncRunStore:
                         queue_create(pipe, script.sha, run_id, args, self.layout)
                     answers: list[Any] = await pipe.execute(raise_on_error=False)
                 if attempt == 1 and script_missing(answers):
-                    await self.redis.script_load(script.script)
+                    await self._load("create")
                     continue
                 break
+            if script_missing(answers):
+                raise still_missing("create")
             raise_first_error(answers)
             await self._confirm("create", run_id)
         return str(answers[-1]) == "1"
@@ -182,10 +187,31 @@ class AsyncRunStore:
     async def script(self, name: str, run_id: str, *args: Any) -> Any:
         """Script ``name`` on the run's keys (EVALSHA; loaded again on NOSCRIPT)."""
         keys = script_keys(run_id)
+        sha = self._scripts[name].sha
         with reachable(name):
-            raw = await self._scripts[name](keys=keys, args=list(args))
+            try:
+                raw = await self.redis.evalsha(sha, len(keys), *keys, *args)
+            except NoScriptError:
+                await self._load(name)
+                try:
+                    raw = await self.redis.evalsha(sha, len(keys), *keys, *args)
+                except NoScriptError as exc:
+                    raise still_missing(name) from exc
             await self._confirm(name, run_id)
         return outcome_of(name, run_id, raw, args)
+
+    async def _load(self, name: str) -> None:
+        """``StoreCore._load``: on a cluster, on every node the client knows of."""
+        text = self._scripts[name].script
+        if not self.clustered:
+            await self.redis.script_load(text)
+            return
+        cluster: Any = self.redis
+        for node in cluster.get_nodes():
+            try:
+                await cluster.execute_command("SCRIPT LOAD", text, target_nodes=node)
+            except redis.RedisError:
+                continue
 
     async def picture(self, run_id: str) -> RunPicture:
         with reachable("picture"):

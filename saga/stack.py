@@ -39,6 +39,7 @@ from saga.store_scripts import raise_first_error as raise_first_error
 from saga.store_scripts import reachable as reachable
 from saga.store_scripts import script_missing as script_missing
 from saga.store_scripts import script_sources as script_sources
+from saga.store_scripts import still_missing as still_missing
 from saga.store_transitions import REVOKE_KILLED as REVOKE_KILLED
 from saga.store_transitions import RunTransitions, StepPush
 from saga.turn_scripts import TurnScripts

@@ -209,9 +209,38 @@ class StoreCore:
         else:
             keys += extra
         with reachable(script):
-            raw = self._scripts[script](keys=keys, args=list(args))
+            raw = self._evalsha(script, keys, args)
             self._confirm(script, run_id)
         return outcome_of(script, run_id, raw, args)
+
+    def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Script ``name`` by its SHA; once more after loading it if Redis did not have it (a
+        restarted server, or a replica a failover promoted: Redis replicates no script)."""
+        sha = self._scripts[name].sha
+        try:
+            return self.client.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self._load(name)
+        try:
+            return self.client.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError as exc:
+            raise still_missing(name) from exc
+
+    def _load(self, name: str) -> None:
+        """Load script ``name`` on the server that answered NOSCRIPT. On a cluster that is
+        every node the client knows of, replicas included: right after a failover its map may
+        still call the promoted master a replica (a topology read from a node that had not
+        heard of the promotion), and a load on "the masters" would miss the one that asked."""
+        text = self._scripts[name].script
+        if not self.clustered:
+            self.client.script_load(text)
+            return
+        cluster: Any = self.client
+        for node in cluster.get_nodes():
+            try:
+                cluster.get_redis_connection(node).script_load(text)
+            except redis.RedisError:
+                continue  # a node away: if it is the run's, the call after says so
 
     def confirm(self, what: str, run_id: str) -> None:
         """Wait for the replicas to hold every write made so far, as after a write that counts
@@ -296,9 +325,11 @@ class StoreCore:
                     queue(pipe)
                     answers: list[Any] = pipe.execute(raise_on_error=False)
                 if attempt == 1 and script_missing(answers):
-                    self.client.script_load(self._scripts[name].script)
+                    self._load(name)
                     continue
                 break
+            if script_missing(answers):
+                raise still_missing(name)
             raise_first_error(answers)
             self._confirm(name, run_id)
         return answers
@@ -317,6 +348,15 @@ def queue_script(
 def script_missing(answers: Sequence[Any]) -> bool:
     """A pipeline's answers say Redis did not have a script (it restarted): load and repeat."""
     return any(isinstance(answer, NoScriptError) for answer in answers)
+
+
+def still_missing(name: str) -> StoreUnavailableError:
+    """A script missing right after it was loaded: the server serving the run changed in
+    between (a failover going on). The caller retries, as for the store being away."""
+    return StoreUnavailableError(
+        f"saga store unreachable ({name}): its server did not hold the script right after it "
+        "was loaded (a failover going on)"
+    )
 
 
 def raise_first_error(answers: Sequence[Any]) -> None:

@@ -261,6 +261,55 @@ def test_a_master_failover_during_a_hosted_turn_dispatches_each_call_once(
         client.store.client.close()
 
 
+def _runs_on(nodes: RedisClusterNodes, master: int, prefix: str, count: int) -> list[str]:
+    """``count`` run ids whose keys are on the master on port ``master``."""
+    names = (f"{prefix}-{i}" for i in range(1000))
+    return [n for n in names if nodes.master_of_key(run_keys(n)[0]) == master][:count]
+
+
+def test_a_promoted_master_the_client_still_calls_a_replica_is_given_the_scripts_it_lacks(
+    nodes: RedisClusterNodes, world: tuple[Saga, dict[str, str]]
+) -> None:
+    """Right after a failover the promoted master holds none of saga's scripts (Redis
+    replicates none), and the client's map may still call it a replica (a topology read from
+    a node that had not heard of the promotion). redis-py loads a missing script on the
+    masters it knows of, which missed it: a worker's record of a step raised ``NoScriptError``
+    and its run hung. The store loads it on every node it knows of and goes on, for a script
+    alone, a pipelined script and the asyncio client's."""
+    saga, _ = world
+    master = nodes.master_ports()[0]
+    first, second, third = _runs_on(nodes, master, "stale-map", 3)
+    admin = redis.Redis(port=master)
+    store = RunStore.from_url(nodes.url(), 60, layout=saga.store.layout)
+
+    def lose_the_scripts(cluster: Any) -> None:
+        admin.script_flush()
+        cluster.get_node(host="127.0.0.1", port=master).server_type = "replica"
+
+    try:
+        assert store.create(first, 60.0)
+        lose_the_scripts(store.client)
+        assert store.abort(first, "stale map").status == "ok"  # one script, by its SHA
+        lose_the_scripts(store.client)
+        assert store.create(second, 60.0)  # the pipelined create
+
+        async def main() -> None:
+            async with AsyncClient(redis_url=nodes.url(), settings=saga.settings) as aio:
+                await aio._store.redis.initialize()  # type: ignore[union-attr]
+                lose_the_scripts(aio._store.redis)
+                assert await aio._store.create(third, 60.0, "refund", "stale map", False)
+                lose_the_scripts(aio._store.redis)
+                assert await aio.abort_run(third, "stale map")
+
+        asyncio.run(main())
+    finally:
+        for run_id in (first, second, third):  # nothing left for the reaper
+            store.client.delete(*run_keys(run_id))
+            store.forget(run_id)
+        store.client.close()
+        admin.close()
+
+
 def test_a_run_is_indexed_before_its_keys_exist_though_they_live_on_two_masters(
     nodes: RedisClusterNodes, world: tuple[Saga, dict[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

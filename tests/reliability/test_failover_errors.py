@@ -247,6 +247,31 @@ def test_a_new_master_without_the_scripts_loads_them_again(
     _run(main())
 
 
+def test_a_script_still_missing_once_loaded_is_the_store_being_away(
+    servers: Callable[..., RedisServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script the server does not hold right after it was loaded (another server took the
+    run's keys in between: a failover going on) is ``StoreUnavailableError``, which a worker
+    waits out, never a ``NoScriptError`` that fails the task and leaves its run hanging. The
+    load is made to land elsewhere here; the run is changed by neither attempt."""
+    server = servers()
+    store = RunStore.from_url(server.url + "/0", 60)
+    try:
+        assert store.create("r-1", 60)
+        monkeypatch.setattr(store, "_load", lambda name: None)
+        admin(server).script_flush()
+        with pytest.raises(StoreUnavailableError, match=r"\(abort\).*right after it was loaded"):
+            store.abort("r-1", "failover test")
+        with pytest.raises(StoreUnavailableError, match=r"\(create\).*right after"):
+            store.create("r-2", 60)
+        picture = store.picture("r-1")
+        assert picture is not None and picture.state is RunState.RUNNING
+        monkeypatch.undo()
+        assert store.abort("r-1", "failover test").status == "ok"
+    finally:
+        store.client.close()
+
+
 # -- a worker waits a failover out -----------------------------------------------------------
 
 
