@@ -15,11 +15,14 @@ worked before round four, put back by patching the store and the records in this
   writes it in its script);
 - the unwind's check against SQL loading the run's row (``recorded_as`` reads two columns).
 
+``--cut packer`` alternates instead the store's connections packing commands with hiredis
+(``saga.redis_packer``) and with redis-py's own packer.
+
 Prints, per way and path, the medians over the blocks of this process's CPU ms per run (the
 caller's and the worker's work together, SQLite included), the Redis server's CPU ms per run,
 and the round trips to Redis per run (counted, not timed).
 
-    PYTHONPATH=. python benchmarks/unwind.py [--blocks 8] [--runs 50]
+    PYTHONPATH=. python benchmarks/unwind.py [--blocks 8] [--runs 50] [--cut packer]
 """
 
 from __future__ import annotations
@@ -95,6 +98,27 @@ def the_way_before(h: Any) -> Callable[[], None]:
     return undo
 
 
+def the_packer_before(h: Any) -> Callable[[], None]:
+    """Put back redis-py's own command packer on the store's connections; returns the undo."""
+    pool = h.saga.store.client.connection_pool
+    packer = pool.connection_kwargs.pop("command_packer")
+
+    def fresh_connections() -> None:
+        pool.disconnect()
+        pool.reset()
+
+    fresh_connections()
+
+    def undo() -> None:
+        pool.connection_kwargs["command_packer"] = packer
+        fresh_connections()
+
+    return undo
+
+
+CUTS = {"round-four": the_way_before, "packer": the_packer_before}
+
+
 def credits(h: Any, run_id: str) -> None:
     for amount in (100, 200):
         step = h.saga.dispatch(run_id, "issue_credit", {"amount": amount}).step
@@ -126,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--blocks", type=int, default=8, help="blocks per way and path")
     parser.add_argument("--runs", type=int, default=50, help="runs per block")
+    parser.add_argument("--cut", choices=sorted(CUTS), default="round-four", help="what to A/B")
     args = parser.parse_args(argv)
+    before = CUTS[args.cut]
     import redis
 
     from benchmarks import costs
@@ -149,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(args.blocks):
                     for path, drive in paths.items():
                         for way in WAYS:
-                            undo = the_way_before(h) if way == "before" else None
+                            undo = before(h) if way == "before" else None
                             started, sent = time.process_time(), counter.count
                             on_server = costs.redis_cpu(admin)
                             for _ in range(args.runs):
@@ -167,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         admin.close()
     finally:
         server.stop()
-    print(f"{args.blocks} blocks of {args.runs} runs per way and path, alternated; medians per run")
+    print(
+        f"{args.cut}: {args.blocks} blocks of {args.runs} runs per way and path, alternated; "
+        "medians per run"
+    )
     for path in paths:
         for way in WAYS:
             key = (path, way)

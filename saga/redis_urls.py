@@ -49,6 +49,7 @@ from redis.exceptions import RedisClusterException
 
 from saga.env_secrets import secret_from_env
 from saga.errors import ConfigurationError, StoreUnavailableError
+from saga.redis_packer import pack_with_hiredis
 
 __all__ = [
     "CLUSTER_SCHEMES",
@@ -364,9 +365,10 @@ def redis_client(url: str, *, blocking: bool = False, **options: Any) -> redis.R
         return _cluster_client(clustered, blocking, options)
     found = parse_sentinel(url)
     if found is None:
-        if blocking:
-            return redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
-        return redis.Redis.from_url(url, **options)
+        plain = redis.BlockingConnectionPool if blocking else redis.ConnectionPool
+        made = plain.from_url(url, **options)
+        pack_with_hiredis(made.connection_kwargs)
+        return redis.Redis.from_pool(made)
     manager = sentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
         list(found.sentinels), sentinel_kwargs=_sentinel_kwargs(options, found.tls)
     )
@@ -378,6 +380,7 @@ def redis_client(url: str, *, blocking: bool = False, **options: Any) -> redis.R
         connection_class=connection,
         **_master_options(found, options),
     )
+    pack_with_hiredis(master.connection_pool.connection_kwargs)
     return master
 
 

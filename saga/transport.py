@@ -36,6 +36,7 @@ from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
 from saga.redis_errors import FailoverError, failover_answer
+from saga.redis_packer import pack_with_hiredis
 from saga.redis_urls import SentinelConnection, SentinelSSLConnection
 
 __all__ = [
@@ -122,7 +123,16 @@ class _ClosedConnectionGuard:
         return super()._get_pool(asynchronous)  # type: ignore[misc]
 
 
-class Channel(_ClosedConnectionGuard, kombu_redis.Channel):
+class _HiredisPacking:
+    """Commands packed by hiredis (``saga.redis_packer``): kombu's too, the same bytes."""
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        params: dict[str, Any] = super()._connparams(asynchronous)  # type: ignore[misc]
+        pack_with_hiredis(params)
+        return params
+
+
+class Channel(_HiredisPacking, _ClosedConnectionGuard, kombu_redis.Channel):
     """A Redis channel whose synchronous client is made once per connection pool, and whose
     connections raise a failover answer as a lost connection."""
 
@@ -144,7 +154,7 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
-class SentinelChannel(_ClosedConnectionGuard, kombu_redis.SentinelChannel):
+class SentinelChannel(_HiredisPacking, _ClosedConnectionGuard, kombu_redis.SentinelChannel):
     """kombu's Sentinel channel whose connections are ``FailoverAwareSentinelConnection``s: a
     failover answer is a lost connection, and a read cut short (a soft time limit in a
     publish) never leaves its reply for the connection's next command."""
