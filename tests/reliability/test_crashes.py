@@ -210,7 +210,10 @@ def test_sigkill_of_the_pool_child_mid_step_redelivers_and_credits_once(
     run = env.saga.start_run()
     call(run, GET_ORDER).result(timeout=10)
     credit = call(run, CREDIT_CALL)
-    wait_until(lambda: step_state(env, run.run_id, 2) == "running", 10, "the credit to start")
+    # (in the delay itself: "running" is written a moment before the child reaches it, and a
+    # kill in that moment would leave one hit for two attempts)
+    wait_until(lambda: env.faults.hits(rule) == 1, 10, "the credit to reach its delay")
+    assert step_state(env, run.run_id, 2) == "running"
     children = pool_children(worker.pid)
     assert len(children) == 1
 
