@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, TypeVar
 
 from celery import Task
@@ -54,6 +55,22 @@ def call_tool(tool: Tool, ctx: StepContext, args: dict[str, Any]) -> Any:
     if tool.wants_context:
         kwargs["ctx"] = ctx
     return tool.func(**kwargs)
+
+
+def from_the_tool(exc: BaseException) -> TracebackType | None:
+    """What ``exc`` went through from the tool's own code on (what ``call_tool`` called), to
+    report a tool's failure without saga's frames above it; None when it did not come out of
+    a call ``call_tool`` made (saga's own error, a fault point, a retry, or the call itself
+    refused), which is reported whole."""
+    entry = exc.__traceback__
+    while entry is not None:
+        if entry.tb_frame.f_code is _CALL_TOOL:
+            return entry.tb_next
+        entry = entry.tb_next
+    return None
+
+
+_CALL_TOOL = call_tool.__code__
 
 
 def patiently(core: Core, what: str, call: Callable[..., T], *args: Any) -> T:

@@ -38,7 +38,7 @@ from saga.constants import (
     tool_task_name,
 )
 from saga.core import Core
-from saga.delivery import BUSY_WAIT
+from saga.delivery import BUSY_WAIT, from_the_tool
 from saga.errors import InvalidArgumentsError
 from saga.escalations.invocation import app_spec_of
 from saga.fault_points import FAULTS_ENV, faults_enabled
@@ -286,8 +286,22 @@ def publish_worker_tools_of(core: Core) -> None:
 
 
 def install_tool(app: Celery, core: Core, tool: Tool) -> None:
-    @app.task(name=tool_task_name(tool.name), **_TASK_OPTIONS)
     @traced_tool(tool)  # timed by outcome, and a span (saga.telemetry)
+    def deliver(
+        self: Task,
+        run_id: str,
+        step: int | None,
+        args: dict[str, Any] | None,
+        compensates: int | None,
+        unwind: str,
+    ) -> Any:
+        if compensates is not None:
+            return compensate(core, self, tool, run_id, compensates, unwind)
+        if step is None:
+            raise InvalidArgumentsError(f"{tool.name} task needs a step or a compensation")
+        return run_step(core, self, tool, run_id, step, args or {})
+
+    @app.task(name=tool_task_name(tool.name), **_TASK_OPTIONS)
     def run_tool(
         self: Task,
         run_id: str,
@@ -296,8 +310,14 @@ def install_tool(app: Celery, core: Core, tool: Tool) -> None:
         compensates: int | None = None,
         unwind: str = "",
     ) -> Any:
-        if compensates is not None:
-            return compensate(core, self, tool, run_id, compensates, unwind)
-        if step is None:
-            raise InvalidArgumentsError(f"{tool.name} task needs a step or a compensation")
-        return run_step(core, self, tool, run_id, step, args or {})
+        try:
+            return deliver(self, run_id, step, args, compensates, unwind)
+        except Exception as exc:
+            # A tool's failure, recorded: Celery copies, formats, logs, pickles to the pool's
+            # parent and sends in its ``task-failed`` event the traceback of what the task
+            # raised, and saga's delivery between this frame and the tool's code is most of
+            # it. They get the tool's own frames (its span keeps the whole traceback).
+            raised = from_the_tool(exc)
+            if raised is None:
+                raise
+            raise exc.with_traceback(raised)  # noqa: B904 - itself: its cause and context kept

@@ -7,6 +7,7 @@ own records.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -120,6 +121,40 @@ def test_irreversible_call_is_refused_while_a_reversible_step_is_in_flight(saga:
     run.call("send_reply", to=EMAIL, subject="s", body="b").result(timeout=10)
     assert run.finish(timeout=10).state is RunState.COMPLETED
     assert len(systems.outbox()) == 1
+
+
+def _failure_logged(log: str, task_id: str) -> str:
+    """The traceback Celery logged for a task that failed, '' until it is in the log."""
+    head = log.find(f"[{task_id}] raised unexpected")
+    if head < 0:
+        return ""
+    record = log[head:]
+    following = re.search(r"\n\[\d{4}-", record)
+    return record[: following.start()] if following else ""
+
+
+def test_a_tools_failure_is_logged_from_the_tools_own_code(saga: Any, worker: Any) -> None:
+    # Given the mail service down for good
+    systems.set_down("mail")
+    run = saga.start_run()
+
+    # When the fourth step's tool fails after its retries and the run unwinds
+    demo_steps(run)
+    assert run.wait(timeout=30).state is RunState.COMPENSATED
+
+    # Then the worker logged the step's failure with the tool's frames, from the task's own
+    logged = wait_until(
+        lambda: _failure_logged(worker.log(), f"{run.run_id}:4"),
+        what="the failed step's traceback in the worker's log",
+    )
+    assert "ServiceUnavailableError: mail is down" in logged
+    assert "saga/worker.py" in logged and logged.index("saga/worker.py") < logged.index(
+        "in send_reply"
+    )
+    assert "in send_mail" in logged and "in check_service" in logged
+    # and not saga's delivery between the task and the tool
+    for delivery in ("in run_step", "in call_tool", "in _deliver", "saga/forward.py"):
+        assert delivery not in logged
 
 
 def test_reversible_call_is_refused_after_the_pivot(saga: Any) -> None:
