@@ -19,17 +19,18 @@ import redis
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def process_cpu(pid: int) -> float:
+def process_cpu(pid: int, descendants: bool = True) -> float:
     """CPU seconds (user + system) of ``pid`` and every live descendant, plus what its
-    reaped children used; 0 for a process that is gone."""
+    reaped children used (``descendants=False``: of ``pid`` alone); 0 for a process that is
+    gone."""
     total = 0.0
-    for one in [pid, *_descendants(pid)]:
+    for one in [pid, *_descendants(pid)] if descendants else [pid]:
         try:
             fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
         # utime, stime, cutime, cstime: fields 14-17 of stat (11-14 after the name).
-        total += sum(int(v) for v in fields[11:15]) / _TICKS
+        total += sum(int(v) for v in fields[11 : 15 if descendants else 13]) / _TICKS
     return total
 
 

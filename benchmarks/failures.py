@@ -1,0 +1,89 @@
+"""Round six's cut measured where it is: what Celery does with a tool's failure (its
+``ExceptionInfo``, the log of it, and the rest of the worker's work), for failing saga runs,
+with the tool's failure raised from the tool's own frames and, alternated in blocks, with
+saga's delivery frames above them as before (``benchmarks.failures_app``). One Redis of its
+own; each block is a prefork worker of its own (concurrency 2) and runs driven 8 at a time.
+
+Prints, per way, the medians over the blocks of the CPU ms per run of Celery's
+``TraceInfo.handle_failure`` in the pool children, of the pool children and of the worker's
+main process.
+
+    python benchmarks/failures.py [--blocks 3] [--runs 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import costs  # noqa: E402
+
+WAYS = {"own frames": "0", "whole": "1"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--blocks", type=int, default=3, help="blocks per way")
+    parser.add_argument("--runs", type=int, default=200, help="failing runs per block")
+    args = parser.parse_args(argv)
+    import redis
+
+    from saga.testing import RedisServer, WorkerProcess
+
+    server = RedisServer("--appendonly", "no").start()
+    figures: dict[str, dict[str, list[float]]] = {
+        way: {"handle_failure": [], "children": [], "main": []} for way in WAYS
+    }
+    try:
+        env = costs.bench_environment(server.url, "saga-failures-")
+        client = redis.Redis.from_url(server.url)
+        # Imported once the environment names the benchmark's Redis (the apps read it once).
+        from benchmarks import bench_app
+        from benchmarks.failures_app import FAILURE_CPU_KEY
+        from benchmarks.peers import celery_drivers
+
+        bench_app.saga.records  # noqa: B018 - made before the first timed run
+        drive = celery_drivers(client)["saga-fail"]
+        pool = ThreadPoolExecutor(max_workers=8)
+        for _ in range(args.blocks):
+            for way, whole in WAYS.items():
+                worker = WorkerProcess(
+                    "benchmarks.failures_app",
+                    env={**env, "SAGA_BENCH_WHOLE_TRACEBACKS": whole},
+                    concurrency=2,
+                    cwd=ROOT,
+                )
+                with worker:
+                    list(pool.map(drive, range(20)))  # warm-up: scripts, statements, imports
+                    client.delete(FAILURE_CPU_KEY)
+                    main_cpu = costs.process_cpu(worker.pid, descendants=False)
+                    both_cpu = costs.process_cpu(worker.pid)
+                    list(pool.map(drive, range(args.runs)))
+                    spent = float(client.get(FAILURE_CPU_KEY) or 0)
+                    main_cpu = costs.process_cpu(worker.pid, descendants=False) - main_cpu
+                    both_cpu = costs.process_cpu(worker.pid) - both_cpu
+                per_run = 1000 / args.runs
+                figures[way]["handle_failure"].append(spent * per_run)
+                figures[way]["children"].append((both_cpu - main_cpu) * per_run)
+                figures[way]["main"].append(main_cpu * per_run)
+        client.close()
+    finally:
+        server.stop()
+    print(
+        f"{args.blocks} blocks of {args.runs} failing runs per way, alternated; "
+        "medians of CPU ms per run"
+    )
+    for way, values in figures.items():
+        cells = "   ".join(f"{k} {statistics.median(v):6.2f}" for k, v in values.items())
+        print(f"  {way:10s} {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
