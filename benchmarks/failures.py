@@ -1,8 +1,9 @@
 """Round six's cut measured where it is: what Celery does with a tool's failure (its
 ``ExceptionInfo``, the log of it, and the rest of the worker's work), for failing saga runs,
-with the tool's failure raised from the tool's own frames and, alternated in blocks, with
-saga's delivery frames above them as before (``benchmarks.failures_app``). One Redis of its
-own; each block is a prefork worker of its own (concurrency 2) and runs driven 8 at a time.
+with the tool's failure raised from the tool's own frames and, alternated in blocks (which
+goes first alternating too), with saga's delivery frames above them as before
+(``benchmarks.failures_app``). One Redis of its own; each block is a prefork worker of its own
+(concurrency 2) and runs driven 8 at a time.
 
 Prints, per way, the medians over the blocks of the CPU ms per run of Celery's
 ``TraceInfo.handle_failure`` in the pool children, of the pool children and of the worker's
@@ -51,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         bench_app.saga.records  # noqa: B018 - made before the first timed run
         drive = celery_drivers(client)["saga-fail"]
         pool = ThreadPoolExecutor(max_workers=8)
-        for _ in range(args.blocks):
-            for way, whole in WAYS.items():
+        for block in range(args.blocks):
+            # Which way goes first alternates too: the first of a pair ran slower here.
+            order = list(WAYS.items())
+            for way, whole in order if block % 2 == 0 else order[::-1]:
                 worker = WorkerProcess(
                     "benchmarks.failures_app",
                     env={**env, "SAGA_BENCH_WHOLE_TRACEBACKS": whole},

@@ -286,22 +286,8 @@ def publish_worker_tools_of(core: Core) -> None:
 
 
 def install_tool(app: Celery, core: Core, tool: Tool) -> None:
-    @traced_tool(tool)  # timed by outcome, and a span (saga.telemetry)
-    def deliver(
-        self: Task,
-        run_id: str,
-        step: int | None,
-        args: dict[str, Any] | None,
-        compensates: int | None,
-        unwind: str,
-    ) -> Any:
-        if compensates is not None:
-            return compensate(core, self, tool, run_id, compensates, unwind)
-        if step is None:
-            raise InvalidArgumentsError(f"{tool.name} task needs a step or a compensation")
-        return run_step(core, self, tool, run_id, step, args or {})
-
     @app.task(name=tool_task_name(tool.name), **_TASK_OPTIONS)
+    @traced_tool(tool)  # timed by outcome, and a span (saga.telemetry)
     def run_tool(
         self: Task,
         run_id: str,
@@ -311,12 +297,16 @@ def install_tool(app: Celery, core: Core, tool: Tool) -> None:
         unwind: str = "",
     ) -> Any:
         try:
-            return deliver(self, run_id, step, args, compensates, unwind)
+            if compensates is not None:
+                return compensate(core, self, tool, run_id, compensates, unwind)
+            if step is None:
+                raise InvalidArgumentsError(f"{tool.name} task needs a step or a compensation")
+            return run_step(core, self, tool, run_id, step, args or {})
         except Exception as exc:
             # A tool's failure, recorded: Celery copies, formats, logs, pickles to the pool's
             # parent and sends in its ``task-failed`` event the traceback of what the task
-            # raised, and saga's delivery between this frame and the tool's code is most of
-            # it. They get the tool's own frames (its span keeps the whole traceback).
+            # raised, and saga's delivery between this frame and the tool's code was most of
+            # it. They get the tool's own frames, under this one.
             raised = from_the_tool(exc)
             if raised is None:
                 raise

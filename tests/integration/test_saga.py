@@ -153,7 +153,7 @@ def test_a_tools_failure_is_logged_from_the_tools_own_code(saga: Any, worker: An
     )
     assert "in send_mail" in logged and "in check_service" in logged
     # and not saga's delivery between the task and the tool
-    for delivery in ("in run_step", "in call_tool", "in _deliver", "saga/forward.py"):
+    for delivery in ("in run_step", "in call_tool", "saga/forward.py", "saga/delivery.py"):
         assert delivery not in logged
 
 

@@ -72,7 +72,7 @@ def test_a_tools_failure_is_its_frames_from_the_tool_on(registry: ToolRegistry) 
 def test_reraised_from_the_tool_it_keeps_its_type_message_and_cause(
     registry: ToolRegistry,
 ) -> None:
-    def task() -> None:  # as the worker's tool task re-raises it
+    def task() -> None:  # as the worker's tool task body re-raises it
         try:
             _deliver_from_saga(registry, "send_reply", {"to": "ada@example.com"})
         except Exception as exc:
