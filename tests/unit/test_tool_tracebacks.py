@@ -38,8 +38,9 @@ def registry() -> ToolRegistry:
     reg = ToolRegistry()
 
     def smtp_send(to: str) -> None:
+        mailboxes: dict[str, int] = {}
         try:
-            {}["mailbox"]  # a failure the tool's own failure is raised from
+            mailboxes[to]  # a failure the tool's own failure is raised from
         except KeyError as missing:
             raise MailboxFull(f"{to}: full") from missing
 
@@ -91,8 +92,11 @@ def test_reraised_from_the_tool_it_keeps_its_type_message_and_cause(
     assert "direct cause of the following exception" in printed and "KeyError" in printed
 
 
-def test_what_did_not_come_out_of_the_tool_is_reported_whole(registry: ToolRegistry) -> None:
-    # Refused before the tool ran: raised in saga's argument check, which call_tool called.
+def test_what_did_not_come_out_of_the_tool_is_not_shown_as_the_tools(
+    registry: ToolRegistry,
+) -> None:
+    # Refused before the tool ran: reported from saga's argument check (what call_tool
+    # called first), with no frame of the tool's.
     refused = caught(registry, {"to": 3, "cc": "x"})
     assert isinstance(refused, InvalidArgumentsError)
     assert "send_reply" not in _frames(from_the_tool(refused))
