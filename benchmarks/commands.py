@@ -87,7 +87,8 @@ def classify(lines: list[str], run_id: str, roles: dict[str, str]) -> dict[str, 
         command, rest, source = match["command"].upper(), match["rest"], match["source"]
         if source == "lua":
             if command == "LPUSH" and rest.startswith(_QUEUE):
-                celery[command] += 1  # a step's message, pushed by its reservation
+                # A step's message pushed by its reservation, an unwind's by its mark.
+                celery[command] += 1
                 continue
             if inside:
                 own.append({"who": "script", "command": command, "script": inside})
@@ -165,7 +166,8 @@ WHY = {
     "begin_step": "check before run: a redelivery replays; the lease is taken",
     "record_success": "record after: result, undo pushed, pivot, settle signal, in one script",
     "record_failure": "the final failure; the last step settling owns the unwind",
-    "mark_sent": "the unwind's chain is on the broker (a redelivered owner must not resend)",
+    "mark_sent": "the unwind's chain pushed (prepared as Celery's) and marked sent, as one: "
+    "a redelivered owner must not resend",
     "begin_compensation": "check before run of an undo, fenced by the unwind's owner; lease",
     "record_compensation": "the undo confirmed done: off the stack",
     "conclude": "the run ends once (version-fenced for an unwind)",

@@ -1,15 +1,17 @@
-"""Round six's cut measured where it is: what Celery does with a tool's failure (its
-``ExceptionInfo``, the log of it, and the rest of the worker's work), for failing saga runs,
-with the tool's failure raised from the tool's own frames and, alternated in blocks (which
-goes first alternating too), with saga's delivery frames above them as before
-(``benchmarks.failures_app``). One Redis of its own; each block is a prefork worker of its own
-(concurrency 2) and runs driven 8 at a time.
+"""A cut of the failing path measured where it is, for failing saga runs: the code as it is
+and, alternated in blocks (which goes first alternating too), the way before the cut
+(``benchmarks.failures_app``). ``--cut traceback`` (round six): a tool's failure raised from
+the tool's own frames, against saga's delivery frames above them. ``--cut chain`` (round
+seven): the unwind's chain prepared, pushed by its mark's script and passed on from each undo
+by a push, against Celery's publish with the mark apart and Celery's tracer passing it on.
+One Redis of its own; each block is a prefork worker of its own (concurrency 2) and runs
+driven 8 at a time.
 
 Prints, per way, the medians over the blocks of the CPU ms per run of Celery's
-``TraceInfo.handle_failure`` in the pool children, of the pool children and of the worker's
-main process.
+``TraceInfo.handle_failure`` and of ``Core.start_unwind`` in the pool children, of the pool
+children and of the worker's main process.
 
-    python benchmarks/failures.py [--blocks 3] [--runs 200]
+    python benchmarks/failures.py [--cut traceback|chain] [--blocks 3] [--runs 200]
 """
 
 from __future__ import annotations
@@ -25,11 +27,22 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import costs  # noqa: E402
 
-WAYS = {"own frames": "0", "whole": "1"}
+#: Per cut, its two ways: the environment each block's worker gets.
+CUTS = {
+    "traceback": {
+        "own frames": {"SAGA_BENCH_WHOLE_TRACEBACKS": "0"},
+        "whole": {"SAGA_BENCH_WHOLE_TRACEBACKS": "1"},
+    },
+    "chain": {
+        "pushed": {"SAGA_BENCH_CELERY_CHAIN": "0"},
+        "celery's": {"SAGA_BENCH_CELERY_CHAIN": "1"},
+    },
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cut", choices=sorted(CUTS), default="chain")
     parser.add_argument("--blocks", type=int, default=3, help="blocks per way")
     parser.add_argument("--runs", type=int, default=200, help="failing runs per block")
     args = parser.parse_args(argv)
@@ -38,15 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     from saga.testing import RedisServer, WorkerProcess
 
     server = RedisServer("--appendonly", "no").start()
+    ways = CUTS[args.cut]
     figures: dict[str, dict[str, list[float]]] = {
-        way: {"handle_failure": [], "children": [], "main": []} for way in WAYS
+        way: {"handle_failure": [], "start_unwind": [], "children": [], "main": []} for way in ways
     }
     try:
         env = costs.bench_environment(server.url, "saga-failures-")
         client = redis.Redis.from_url(server.url)
         # Imported once the environment names the benchmark's Redis (the apps read it once).
         from benchmarks import bench_app
-        from benchmarks.failures_app import FAILURE_CPU_KEY
+        from benchmarks.failures_app import FAILURE_CPU_KEY, UNWIND_CPU_KEY
         from benchmarks.peers import celery_drivers
 
         bench_app.saga.records  # noqa: B018 - made before the first timed run
@@ -54,32 +68,35 @@ def main(argv: list[str] | None = None) -> int:
         pool = ThreadPoolExecutor(max_workers=8)
         for block in range(args.blocks):
             # Which way goes first alternates too: the first of a pair ran slower here.
-            order = list(WAYS.items())
-            for way, whole in order if block % 2 == 0 else order[::-1]:
+            order = list(ways.items())
+            for way, way_env in order if block % 2 == 0 else order[::-1]:
                 worker = WorkerProcess(
                     "benchmarks.failures_app",
-                    env={**env, "SAGA_BENCH_WHOLE_TRACEBACKS": whole},
+                    env={**env, **way_env},
                     concurrency=2,
                     cwd=ROOT,
                 )
                 with worker:
                     list(pool.map(drive, range(20)))  # warm-up: scripts, statements, imports
-                    client.delete(FAILURE_CPU_KEY)
+                    client.delete(FAILURE_CPU_KEY, UNWIND_CPU_KEY)
                     main_cpu = costs.process_cpu(worker.pid, descendants=False)
                     both_cpu = costs.process_cpu(worker.pid)
                     list(pool.map(drive, range(args.runs)))
                     spent = float(client.get(FAILURE_CPU_KEY) or 0)
+                    unwinding = float(client.get(UNWIND_CPU_KEY) or 0)
                     main_cpu = costs.process_cpu(worker.pid, descendants=False) - main_cpu
                     both_cpu = costs.process_cpu(worker.pid) - both_cpu
                 per_run = 1000 / args.runs
                 figures[way]["handle_failure"].append(spent * per_run)
+                figures[way]["start_unwind"].append(unwinding * per_run)
                 figures[way]["children"].append((both_cpu - main_cpu) * per_run)
                 figures[way]["main"].append(main_cpu * per_run)
         client.close()
     finally:
         server.stop()
     print(
-        f"{args.blocks} blocks of {args.runs} failing runs per way, alternated; "
+        f"--cut {args.cut}: {args.blocks} blocks of {args.runs} failing runs per way, "
+        "alternated; "
         "medians of CPU ms per run"
     )
     for way, values in figures.items():

@@ -1,7 +1,10 @@
-"""``benchmarks.bench_app`` with Celery's failure handling timed in each pool child, for
-``benchmarks/failures.py``: the thread CPU of ``TraceInfo.handle_failure`` (the failure's
-``ExceptionInfo`` and its log) added up in Redis. ``SAGA_BENCH_WHOLE_TRACEBACKS=1`` puts back
-the way before round six: a tool's failure raised with saga's delivery frames above it.
+"""``benchmarks.bench_app`` with two parts of a failing run timed in each pool child, for
+``benchmarks/failures.py``: the thread CPU of Celery's ``TraceInfo.handle_failure`` (the
+failure's ``ExceptionInfo`` and its log) and of ``Core.start_unwind`` (the unwind's chain made,
+sent and marked), each added up in Redis. ``SAGA_BENCH_WHOLE_TRACEBACKS=1`` puts back the way
+before round six: a tool's failure raised with saga's delivery frames above it.
+``SAGA_BENCH_CELERY_CHAIN=1`` the way before round seven: the unwind's chain sent by Celery's
+publish, then marked sent, and passed on from each undo by Celery's tracer.
 """
 
 from __future__ import annotations
@@ -9,33 +12,42 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery.app.trace import TraceInfo
 
+import saga.compensation as saga_compensation
+import saga.core as saga_core
+import saga.worker as saga_worker
 from benchmarks import bench_app
 from benchmarks.bench_app import app, saga
 
-__all__ = ["FAILURE_CPU_KEY", "app", "saga"]
+__all__ = ["FAILURE_CPU_KEY", "UNWIND_CPU_KEY", "app", "saga"]
 
 #: Where the children add up their failure handling's CPU seconds (a float, INCRBYFLOAT).
 FAILURE_CPU_KEY = "bench:failure-handling-cpu"
+#: And their unwinds' start.
+UNWIND_CPU_KEY = "bench:start-unwind-cpu"
 
 if os.environ.get("SAGA_BENCH_WHOLE_TRACEBACKS") == "1":
-    import saga.worker
-
-    saga.worker.from_the_tool = lambda exc: None  # type: ignore[assignment]
-
-_handle_failure = TraceInfo.handle_failure
-
-
-@functools.wraps(_handle_failure)
-def _timed(self: TraceInfo, *args: Any, **kwargs: Any) -> Any:
-    began = time.thread_time()
-    try:
-        return _handle_failure(self, *args, **kwargs)
-    finally:
-        bench_app._redis().incrbyfloat(FAILURE_CPU_KEY, time.thread_time() - began)
+    saga_worker.from_the_tool = lambda exc: None  # type: ignore[assignment]
+if os.environ.get("SAGA_BENCH_CELERY_CHAIN") == "1":
+    saga_core.prepared_chain = lambda publisher, signatures: None  # type: ignore[assignment]
+    saga_compensation._pass_on = lambda core, task: None  # type: ignore[assignment]
 
 
-TraceInfo.handle_failure = _timed  # type: ignore[method-assign]
+def _timed(key: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began = time.thread_time()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            bench_app._redis().incrbyfloat(key, time.thread_time() - began)
+
+    return timed
+
+
+TraceInfo.handle_failure = _timed(FAILURE_CPU_KEY, TraceInfo.handle_failure)  # type: ignore[method-assign]
+saga_core.Core.start_unwind = _timed(UNWIND_CPU_KEY, saga_core.Core.start_unwind)  # type: ignore[method-assign]

@@ -55,6 +55,7 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
     if begin.status in ("done", "failed", "kept"):  # settled already: pass the chain on
         logger.info("run %s: compensation of step %d already %s", run_id, step, begin.status)
         _conclude_here(core, task, run_id)
+        _pass_on(core, task)
         return {"compensated": step, "replayed": True}
     if begin.status == "busy":  # another execution (or a newer undo) still runs: wait for it
         raise task.retry(
@@ -99,6 +100,7 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
     last = _recorded_last(core, task, run_id, step, "done", None, claim)
     metrics.compensation(tool.name, "done")
     _conclude_here(core, task, run_id, last)
+    _pass_on(core, task)
     return {"compensated": step}
 
 
@@ -197,6 +199,26 @@ def _conclude_here(core: Core, task: Task, run_id: str, picture: RunPicture | No
         logger.warning("run %s: concluding after its last undo failed (%r): sent", run_id, exc)
         return
     task.request.chain = None  # concluded: Celery's tracer has nothing left to send
+
+
+def _pass_on(core: Core, task: Task) -> None:
+    """Send the rest of the unwind now, as Celery's tracer would once this task returns, where
+    its message is prepared (``saga.prepared_publish``): one push, without Celery's publish in
+    Python. Anywhere else, or if the push fails, the tracer sends it, as it always did."""
+    remaining = task.request.chain
+    if not remaining:
+        return
+    following = signature(remaining[-1], app=task.app)
+    made = core.prepared.chain_message(following, remaining[:-1])
+    if made is None:
+        return
+    try:
+        core.prepared.push(*made)
+    except Exception as exc:
+        logger.warning("the rest of the unwind was not pushed (%r): Celery's publish sends it", exc)
+        return
+    core.prepared.pushed_from_here(following)
+    task.request.chain = None
 
 
 def _continue_chain(core: Core, task: Task, run_id: str, picture: RunPicture | None = None) -> None:

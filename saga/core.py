@@ -48,7 +48,7 @@ from saga.settings import Settings
 from saga.stack import RunStore
 from saga.tool_hosts import CallerTools
 from saga.tools import Tool, ToolRegistry
-from saga.unwind import send_chain, unwind_chain
+from saga.unwind import prepared_chain, send_chain, unwind_chain
 
 logger = logging.getLogger("saga")
 # The workers' logger (``saga.delivery``'s), for what a worker waits out.
@@ -221,7 +221,9 @@ class Core(Dispatcher):
 
         Only the owner of the unwind calls this. It sends first and marks sent after, so a
         crash in between makes the redelivered owner send again (the compensations check
-        their recorded state and lease before running), never zero times. False when the
+        their recorded state and lease before running), never zero times; where the chain's
+        message is prepared (``saga.prepared_publish``), the mark's script pushes it, so it
+        is sent exactly when marked. False when the
         broker refused the chain (logged; the reaper sends it at the run's deadline), and when
         the run's keys are older than its SQL record (``behind_records``): nothing is undone
         from a store that went back in time. ``picture``: the run as read in the transaction
@@ -244,8 +246,10 @@ class Core(Dispatcher):
         signatures = unwind_chain(
             self.app, self.registry, self.store, picture, owner, self._publish_options
         )
+        push = prepared_chain(self.prepared, signatures)
         try:
-            send_chain(signatures)
+            if push is None:
+                send_chain(signatures)
         except Exception as exc:
             # Nothing is lost: the run stays unwinding, owned and not sent, so the reaper
             # takes it over at its deadline and sends it again.
@@ -253,7 +257,13 @@ class Core(Dispatcher):
                 "run %s: the broker did not take its unwind (%r); the reaper will", run_id, exc
             )
             return False
-        self.store.mark_sent(run_id, owner)
+        if push is None:
+            self.store.mark_sent(run_id, owner)
+        elif self.store.mark_sent(run_id, owner, push):  # pushed with the mark, as one
+            self.prepared.pushed_from_here(signatures[0])
+        else:  # another owns the unwind now (the reaper took it over): its chain, not this one
+            logger.info("run %s: its unwind is no longer %s's; nothing sent", run_id, owner)
+            return True
         metrics.stack_depth(len(picture.stack))
         logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
         return True

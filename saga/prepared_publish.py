@@ -1,4 +1,5 @@
-"""A step's task message, prepared once per task and pushed to its queue with one command.
+"""A task's message, prepared once per task and pushed to its queue with one command: a step's,
+and the first of an unwind's chain.
 
 Celery's ``send_task`` costs a dispatching caller about half a millisecond per step in Python
 (the router, the message's headers built anew, the producer pool, kombu's publish and its
@@ -13,6 +14,13 @@ those pieces with the call's values between them, pushed with ``LPUSH`` to the k
 have pushed it to: the same bytes Celery would have sent, but for the delivery tag, a fresh
 UUID either way (``tests/integration/test_prepared_publish.py`` compares the two).
 
+An unwind's chain is prepared the same way (``chain_message``): its first message, carrying the
+rest, made once per task through ``Signature.apply_async`` as ``saga.unwind.send_chain`` sends
+it, then filled with the call's values, its chain (the body is serialized per call anyway)
+and, from inside a worker task, that task's ids as the message's root and parent, which Celery
+takes from the task running. ``mark_sent.lua`` pushes it with the mark: the failed step's
+worker makes one round trip instead of two, and the chain exists exactly when it is marked.
+
 It serves only where nothing can tell the difference, and Celery's publish serves the rest:
 
 - the broker is Redis on saga's transport (``saga.transport``), at the store's very URL, so
@@ -22,8 +30,10 @@ It serves only where nothing can tell the difference, and Celery's publish serve
 - nothing listens to Celery's publish signals (``before_task_publish``,
   ``after_task_publish``: OpenTelemetry's instrumentation, a user's own) and Celery sends no
   ``task-sent`` event (``task_send_sent_event``);
-- no worker task is current (a task's publish carries its parent's ids) and nobody replaced
-  the app's ``send_task`` (a test observing the publishes);
+- nobody replaced the app's ``send_task`` (a test observing the publishes); a step's message
+  is prepared where no worker task is current (a task's publish carries its parent's ids), an
+  unwind's anywhere but where Celery would give it the parent's priority
+  (``task_inherit_parent_priority``);
 - the message Celery made is the shape this module knows: protocol 2, JSON, no compression,
   a base64 body, no time in it (no ``eta`` or ``expires``), the markers where expected, and
   rebuilt from its pieces, it is the message Celery made, byte for byte.
@@ -46,7 +56,9 @@ from urllib.parse import parse_qs, urlparse
 
 import redis
 from celery import Celery
+from celery.canvas import Signature
 from celery.signals import after_task_publish, before_task_publish
+from celery.utils.saferepr import saferepr
 from kombu import serialization
 from kombu.exceptions import OperationalError
 from kombu.utils import json as kombu_json
@@ -70,8 +82,13 @@ def _escape(value: str) -> str:
     return encode_basestring_ascii(value)[1:-1]
 
 
-#: The five places of a message that differ between two steps of one task.
-_SLOTS = ("body", "task_id", "kwargsrepr", "reply_to", "delivery_tag")
+#: The places of a message that differ between two of one task's: the five a step's fills,
+#: and the worker task's ids an unwind's first message carries from inside one.
+_SLOTS = ("body", "task_id", "kwargsrepr", "reply_to", "delivery_tag", "root_id", "parent_id")
+
+#: How a message is made, which the template is of: a step's (``send_task``, no worker task
+#: current), an unwind's first from outside a worker task, and from inside one.
+_STEP, _CHAIN, _CHAIN_IN_TASK = "step", "chain", "chain in a task"
 
 
 @dataclass(frozen=True)
@@ -107,7 +124,7 @@ class _NotPreparable(Exception):
 
 
 class PreparedPublisher:
-    """Pushes a step's message of a task prepared once (see the module), where it may.
+    """Pushes a task's message prepared once per task (see the module), where it may.
 
     ``client``: the store's Redis client, which reaches the broker's queues when the broker
     is at the store's URL. ``send_options(task)``: what the dispatcher passes ``send_task``
@@ -124,8 +141,9 @@ class PreparedPublisher:
         self._client = client
         self._send_options = send_options
         self._same_redis = _broker_is_store(app, store_url)
-        #: Per task name: its template, or None where Celery's publish serves it.
-        self._templates: dict[str, _Template | None] = {}
+        #: Per task name and way of making it: its template, or None where Celery's publish
+        #: serves it.
+        self._templates: dict[tuple[str, str], _Template | None] = {}
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
@@ -135,60 +153,115 @@ class PreparedPublisher:
         prepared = self.message(task, task_id, kwargs, kwargsrepr)
         if prepared is None:
             return False
-        queue, message = prepared
+        self.push(*prepared)
+        return True
+
+    def push(self, queue: str, message: str) -> None:
+        """Push a prepared message to its queue; raises as Celery's publish raises."""
         try:
             self._client().lpush(queue, message)
         except redis.RedisError as exc:
-            raise OperationalError(str(exc)) from exc  # as Celery's publish raises it
-        return True
+            raise OperationalError(str(exc)) from exc
 
     def message(
         self, task: str, task_id: str, kwargs: dict[str, Any], kwargsrepr: str
     ) -> tuple[str, str] | None:
-        """The queue's key and the message Celery would push for this call, to push on the
-        store's connection (``publish``, or the step's reservation itself); None where
+        """The queue's key and the message Celery would push for this step's call, to push on
+        the store's connection (``publish``, or the step's reservation itself); None where
         Celery's publish must send it."""
-        if not self._same_redis or not self._nothing_listens():
+        if self.app.current_worker_task is not None or not self._nothing_listens():
             return None
-        template = self._template(task)
+        template = self._template(task, _STEP, kwargs)
         if template is None:
             return None
-        body = _body(template, kwargs)
+        body = _body(template, kwargs, template.embed)
         return template.queue, _fill(
             template, body, task_id, kwargsrepr, self.app.thread_oid, uuid()
         )
 
+    def chain_message(
+        self, first: Signature, rest: Sequence[dict[str, Any]]
+    ) -> tuple[str, str] | None:
+        """The queue's key and the message ``first.apply_async(chain=rest)`` would push here
+        (``saga.unwind.send_chain``; Celery's tracer passing the rest of a chain on), for
+        ``mark_sent.lua`` or ``push`` to push; None where Celery's publish must send it.
+        Once pushed, ``pushed_from_here`` adds it to the running task's trail, as Celery's
+        publish does."""
+        options = dict(first.options)
+        task_id = options.pop("task_id", None)
+        parent = self.app.current_worker_task
+        if (
+            first.task not in self.app.tasks
+            or first.args
+            or not first.immutable
+            or not isinstance(task_id, str)
+            or options != self._send_options(first.task)
+            or not self._nothing_listens()
+            or (parent is not None and self.app.conf.task_inherit_parent_priority)
+        ):
+            return None
+        ids: tuple[str, ...] = ()
+        if parent is not None:
+            request = parent.request
+            ids = (request.root_id or request.id, request.id)
+            if not all(isinstance(i, str) and i for i in ids):
+                return None
+        kwargs = dict(first.kwargs)
+        template = self._template(first.task, _CHAIN_IN_TASK if ids else _CHAIN, kwargs)
+        if template is None:
+            return None
+        body = _body(template, kwargs, {**template.embed, "chain": list(rest)})
+        kwargsrepr = saferepr(
+            kwargs, self.app.amqp.kwargsrepr_maxsize, maxlevels=self.app.conf.task_repr_maxlevels
+        )
+        return template.queue, _fill(
+            template, body, task_id, kwargsrepr, self.app.thread_oid, uuid(), *ids
+        )
+
+    def pushed_from_here(self, first: Signature) -> None:
+        """What Celery's publish does once the message is sent from inside a task: its
+        result joins the task's trail (the children a stored result lists)."""
+        parent = self.app.current_worker_task
+        if parent is not None:
+            result = first.type.AsyncResult(first.options["task_id"])
+            result.ignored = first.type.ignore_result
+            parent.add_trail(result)
+
     def _nothing_listens(self) -> bool:
+        """Whether the broker is the store's Redis and nothing could tell a prepared message
+        from Celery's publish (see the module)."""
         conf = self.app.conf
-        return not (
+        return self._same_redis and not (
             before_task_publish.receivers
             or after_task_publish.receivers
             or conf.task_send_sent_event
             or "send_task" in vars(self.app)
-            or self.app.current_worker_task is not None
         )
 
-    def _template(self, task: str) -> _Template | None:
+    def _template(self, task: str, way: str, kwargs: dict[str, Any]) -> _Template | None:
         if os.getpid() != self._pid:  # forked: a message names its sender's process
             self._templates, self._lock, self._pid = {}, threading.Lock(), os.getpid()
-        if task in self._templates:
-            return self._templates[task]
+        key = (task, way)
+        if key in self._templates:
+            return self._templates[key]
         with self._lock:
-            if task not in self._templates:
+            if key not in self._templates:
                 try:
-                    self._templates[task] = self._prepare(task)
+                    self._templates[key] = self._prepare(task, way, kwargs)
                 except _NotPreparable as exc:
-                    logger.info("%s: published through Celery (%s)", task, exc)
-                    self._templates[task] = None
+                    logger.info("%s (%s): published through Celery (%s)", task, way, exc)
+                    self._templates[key] = None
                 except Exception as exc:
                     # The broker away, say: not kept. This call goes through Celery's publish,
                     # which retries and raises as it always does; the next one prepares again.
-                    logger.debug("%s: not prepared this time (%r)", task, exc)
+                    logger.debug("%s (%s): not prepared this time (%r)", task, way, exc)
                     return None
-        return self._templates[task]
+        return self._templates[key]
 
-    def _prepare(self, task: str) -> _Template:
-        """The task's message, made by Celery with markers in place of the call's values."""
+    def _prepare(self, task: str, way: str, kwargs: dict[str, Any]) -> _Template:
+        """The task's message, made by Celery with markers in place of the call's values (the
+        keyword arguments are the call's: a task's signature may check them; the body is
+        serialized per call)."""
         if not declares_nothing(self.app, task):
             raise _NotPreparable("its queue is declared on publish")
         conf = self.app.conf
@@ -196,24 +269,39 @@ class PreparedPublisher:
             raise _NotPreparable("not task protocol 2, or compressed")
         marker = uuid().replace("-", "")
         markers = [f"saga-{slot}-{marker}" for slot in _SLOTS]
-        kwargs = {"run_id": f"saga-run-{marker}", "step": 0, "args": {}}
+        if way == _STEP:
+            kwargs = {"run_id": f"saga-run-{marker}", "step": 0, "args": {}}
         with (
             self.app.connection_for_write(transport=_CapturingTransport) as connection,
             connection.channel() as channel,
         ):
             producer = self.app.amqp.Producer(channel, auto_declare=False)
-            self.app.send_task(
-                task,
-                kwargs=kwargs,
-                task_id=markers[1],
-                reply_to=markers[3],
-                producer=producer,
-                ignore_result=True,
-                argsrepr="()",
-                kwargsrepr=markers[2],
-                add_to_parent=False,
-                **self._send_options(task),
-            )
+            common: dict[str, Any] = {
+                "producer": producer,
+                "reply_to": markers[3],
+                "add_to_parent": False,
+            }
+            if way == _STEP:
+                self.app.send_task(
+                    task,
+                    kwargs=kwargs,
+                    task_id=markers[1],
+                    ignore_result=True,
+                    argsrepr="()",
+                    kwargsrepr=markers[2],
+                    **common,
+                    **self._send_options(task),
+                )
+            else:  # as saga.unwind makes the signature and send_chain sends it
+                if way == _CHAIN_IN_TASK:
+                    common.update(root_id=markers[5], parent_id=markers[6])
+                self.app.signature(
+                    task,
+                    kwargs=kwargs,
+                    immutable=True,
+                    task_id=markers[1],
+                    **self._send_options(task),
+                ).apply_async(**common)
             if channel.captured is None:
                 raise _NotPreparable("Celery pushed nothing")
             queue, message = channel.captured
@@ -247,6 +335,13 @@ def _template_of(
     cut = {**message, "body": markers[0], "properties": {**properties}}
     tag = cut["properties"]["delivery_tag"]
     cut["properties"]["delivery_tag"] = markers[4]
+    # A step's arguments are shown as the dispatcher wrote them (the marker, in the headers
+    # and the properties); an unwind's as Celery's own repr of them, in the headers only.
+    shown = headers.get("kwargsrepr")
+    if not isinstance(shown, str):
+        raise _NotPreparable("no repr of its arguments")
+    if markers[2] not in shown:
+        cut["headers"] = {**headers, "kwargsrepr": markers[2]}
     # A format string: the text's own braces doubled, each marker (plain hex, no braces) its
     # slot's field.
     text = _json_dumps(cut).replace("{", "{{").replace("}", "}}")
@@ -255,31 +350,40 @@ def _template_of(
     if marker in text:
         raise _NotPreparable("a marker in an unexpected place")
     template = _Template(queue, text, decoded[2], "json")
-    rebuilt = _fill(template, _body(template, kwargs), markers[1], markers[2], markers[3], tag)
-    if rebuilt != pristine or body != _serialized(template, kwargs) or not _escapes_as_kombu():
+    ids = [m for m in markers[5:] if m in pristine]
+    body_now = _body(template, kwargs, template.embed)
+    rebuilt = _fill(template, body_now, markers[1], shown, markers[3], tag, *ids)
+    serialized = _serialized(template, kwargs, template.embed)
+    if rebuilt != pristine or body != serialized or not _escapes_as_kombu():
         raise _NotPreparable("rebuilt from its pieces, it is not the message Celery made")
     return template
 
 
-def _serialized(template: _Template, kwargs: dict[str, Any]) -> str:
-    _content_type, encoding, data = _serialize(
-        ((), kwargs, template.embed), serializer=template.serializer
-    )
+def _serialized(template: _Template, kwargs: dict[str, Any], embed: dict[str, Any]) -> str:
+    _content_type, encoding, data = _serialize(((), kwargs, embed), serializer=template.serializer)
     return data if isinstance(data, str) else data.decode(encoding)
 
 
-def _body(template: _Template, kwargs: dict[str, Any]) -> str:
-    return base64.b64encode(_serialized(template, kwargs).encode("utf-8")).decode("ascii")
+def _body(template: _Template, kwargs: dict[str, Any], embed: dict[str, Any]) -> str:
+    """The body's base64: (args, kwargs, embed), the embed carrying an unwind's chain."""
+    data = _serialized(template, kwargs, embed)
+    return base64.b64encode(data.encode("utf-8")).decode("ascii")
 
 
 def _fill(
-    template: _Template, body: str, task_id: str, kwargsrepr: str, reply_to: str, tag: str
+    template: _Template,
+    body: str,
+    task_id: str,
+    kwargsrepr: str,
+    reply_to: str,
+    tag: str,
+    *ids: str,
 ) -> str:
     """The template with the call's values, each escaped as kombu's JSON escapes a string
-    (``_escape``; the body is base64, which needs none)."""
-    return template.text.format(
-        body, _escape(task_id), _escape(kwargsrepr), _escape(reply_to), _escape(tag)
-    )
+    (``_escape``; the body is base64, which needs none). ``ids``: a worker task's root and
+    parent ids, for a template made from inside one."""
+    values = (task_id, kwargsrepr, reply_to, tag, *ids)
+    return template.text.format(body, *(_escape(v) for v in values))
 
 
 def _escapes_as_kombu() -> bool:

@@ -35,6 +35,17 @@ class StepPush:
     message: str
 
 
+@dataclass(frozen=True)
+class ChainPush:
+    """An unwind's first message (carrying the rest of its chain), for ``mark_sent`` to push
+    to ``queue`` with the mark; ``chain``: that message's task id, by which a repeat of the
+    same call (a command retried on a lost connection) pushes nothing more."""
+
+    queue: str
+    chain: str
+    message: str
+
+
 class RunTransitions(StoreCore):
     """The store's transitions of a run and its steps and compensations."""
 
@@ -177,8 +188,14 @@ class RunTransitions(StoreCore):
         unwind got; it owns the unwind again only if that one was never sent."""
         return self._call("abort", run_id, reason, version)
 
-    def mark_sent(self, run_id: str, owner: str) -> bool:
-        return self._call("mark_sent", run_id, owner).status == "1"
+    def mark_sent(self, run_id: str, owner: str, push: ChainPush | None = None) -> bool:
+        """``owner``'s unwind is on the broker: False if ``owner`` no longer owns it. With
+        ``push``, its chain is pushed by this same script, only while ``owner`` owns it: the
+        chain exists exactly when it is marked sent."""
+        if push is None:
+            return self._call("mark_sent", run_id, owner).status == "1"
+        args = (owner, push.chain, push.message)
+        return self._call("mark_sent", run_id, *args, extra=push.queue).status == "1"
 
     def mark_refused(self, run_id: str, owner: str) -> bool:
         """The broker refused the unwind of ``owner`` (still the owner, nothing sent)."""

@@ -20,7 +20,8 @@ from saga.constants import CONCLUDE_UNWIND_TASK, tool_task_name
 from saga.errors import UnknownToolError
 from saga.model import CompensationState
 from saga.picture import RunPicture
-from saga.stack import RunStore
+from saga.prepared_publish import PreparedPublisher
+from saga.stack import ChainPush, RunStore
 from saga.tools import ToolRegistry
 
 
@@ -86,6 +87,16 @@ def send_chain(signatures: list[Signature]) -> None:
     rest, next last), without the canvas's cloning and freezing of each member."""
     first, *rest = signatures
     first.apply_async(chain=rest[::-1])
+
+
+def prepared_chain(publisher: PreparedPublisher, signatures: list[Signature]) -> ChainPush | None:
+    """The message ``send_chain`` would send, prepared (``saga.prepared_publish``) for
+    ``RunStore.mark_sent`` to push with the mark; None where Celery's publish must send it."""
+    first, *rest = signatures
+    made = publisher.chain_message(first, rest[::-1])
+    if made is None:
+        return None
+    return ChainPush(made[0], str(first.options["task_id"]), made[1])
 
 
 def _unrunnable(registry: ToolRegistry, entry: dict[str, Any]) -> str:

@@ -10,23 +10,28 @@ in every other integration test; ``test_a_worker_runs_prepared_steps`` counts th
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from celery import Celery
+from celery import Celery, Task
 from celery._state import _task_stack
-from celery.signals import before_task_publish
+from celery.canvas import Signature, signature
+from celery.signals import after_task_publish, before_task_publish
 
 from saga import RunState, Saga, Settings, payload
+from saga.constants import CONCLUDE_UNWIND_TASK, run_keys, tool_task_name
 from saga.errors import DispatchError, StoreUnavailableError
-from saga.model import StepState
+from saga.model import StepState, ToolClass
 from saga.prepared_publish import PreparedPublisher
 from saga.stack import ReplicaConfirmation
+from saga.unwind import send_chain
 from tests.conftest import MACHINE_REDIS, TEST_DB, TEST_STORE, redis_url_with_db
 from tests.integration.helpers import CREDIT, ORDER, demo_steps
 
@@ -224,7 +229,7 @@ def test_a_broker_away_when_a_task_is_first_published_leaves_it_to_celery(url: s
     client = redis.Redis.from_url(url)
     publisher = PreparedPublisher(app, away, lambda: client, lambda task: {"declare": []})
     assert not publisher.publish("tools.issue_credit", "r:1", {"run_id": "r"}, "")
-    assert "tools.issue_credit" not in publisher._templates
+    assert ("tools.issue_credit", "step") not in publisher._templates
     app.conf.broker_url = url
     publisher = PreparedPublisher(app, url, lambda: client, lambda task: {"declare": []})
     assert publisher.publish("tools.issue_credit", "r:1", {"run_id": "r"}, "")
@@ -354,6 +359,177 @@ def test_a_worker_runs_prepared_steps(saga: Saga) -> None:
         "tools.send_reply",
     ]
     assert real.store.view(run.run_id).state == RunState.COMPLETED  # type: ignore[union-attr]
+
+
+def _unwind(saga: Saga, run_id: str, steps: list[int]) -> list[Signature]:
+    """An unwind's signatures as ``saga.unwind.unwind_chain`` makes them: each undo, most
+    recent first, then the conclusion."""
+    core = saga.core
+    made = []
+    for step in steps:
+        task = tool_task_name("issue_credit")
+        kwargs = {"run_id": run_id, "compensates": step, "unwind": "step:4"}
+        made.append(
+            saga.app.signature(
+                task,
+                kwargs=kwargs,
+                immutable=True,
+                task_id=f"{run_id}:{step}:undo:abcd1234",
+                **core._publish_options(task),
+            )
+        )
+    conclusion = {"run_id": run_id, "owner": "step:4", "sent_at": 1765000000.123456}
+    made.append(
+        saga.app.signature(
+            CONCLUDE_UNWIND_TASK,
+            kwargs=conclusion,
+            immutable=True,
+            **core._publish_options(CONCLUDE_UNWIND_TASK),
+        )
+    )
+    return made
+
+
+@contextmanager
+def _in_a_worker_task(saga: Saga, request_id: str, root_id: str | None) -> Iterator[Task]:
+    """As inside a worker's task: the task current, with its request's ids."""
+    parent = saga.app.tasks["tools.set_ticket_status"]
+    parent.push_request(id=request_id, root_id=root_id, called_directly=False, children=[])
+    _task_stack.push(parent)
+    try:
+        yield parent
+    finally:
+        _task_stack.pop()
+        parent.pop_request()
+
+
+@pytest.mark.parametrize("undos", [1, 2])
+@pytest.mark.parametrize("where", ["outside a task", "in a task", "in a root task"])
+def test_an_unwinds_first_message_is_celerys_byte_for_byte(
+    private: Saga, undos: int, where: str
+) -> None:
+    """The unwind's first message, carrying the rest of its chain, prepared as Celery's
+    ``apply_async(chain=...)`` would send it: from a worker's task, with that task's ids as
+    its parent and root, and added to its trail, as Celery's publish does."""
+    run_id = "run-\u00e9'x\"{0}"
+    signatures = _unwind(private, run_id, [3, 2][:undos])
+    first, *rest = signatures
+    client = redis.Redis.from_url(private.settings.redis_url, decode_responses=True)
+    context: Any = nullcontext()
+    if where != "outside a task":
+        root = None if where == "in a root task" else "the-root"
+        context = _in_a_worker_task(private, "the-parent", root)
+    with context as parent:
+        # Given the chain's first message prepared, then sent by Celery's own publish
+        made = private.core.prepared.chain_message(first, rest[::-1])
+        assert made is not None
+        queue, prepared = made
+        private.core.prepared.pushed_from_here(first)
+        send_chain(signatures)
+        celerys = client.rpop(QUEUE)
+        assert client.llen(QUEUE) == 0 and celerys is not None
+        trail = [r.id for r in parent.request.children] if parent is not None else []
+    client.close()
+    # Then they are the same bytes but for kombu's delivery tag, to the same queue
+    assert queue == QUEUE
+    (prepared_text, prepared_fields), (celery_text, celery_fields) = (
+        _without_tag(prepared),
+        _without_tag(celerys),
+    )
+    assert prepared_fields["headers"] == celery_fields["headers"]
+    assert prepared_fields == celery_fields
+    assert prepared_text == celery_text
+    headers = prepared_fields["headers"]
+    if where == "outside a task":
+        assert (headers["parent_id"], headers["root_id"]) == (None, first.options["task_id"])
+    else:
+        root = "the-parent" if where == "in a root task" else "the-root"
+        assert (headers["parent_id"], headers["root_id"]) == ("the-parent", root)
+        assert trail == [first.options["task_id"]] * 2  # once each way
+    body = json.loads(base64.b64decode(prepared_fields["body"]))
+    assert [s["task"] for s in body[2]["chain"]][::-1] == [s.task for s in rest]
+
+
+@pytest.mark.parametrize("root", [None, "the-root"])
+def test_the_rest_of_an_unwind_is_celerys_byte_for_byte(private: Saga, root: str | None) -> None:
+    """The rest of an unwind, passed on from an undo's task as Celery's tracer passes a
+    chain on (the chain as the task's message carried it, plain dicts), prepared."""
+    signatures = _unwind(private, "run-r", [3, 2])
+    # The chain as the first undo's message carries it: decoded from JSON
+    remaining = json.loads(json.dumps([dict(s) for s in signatures[1:][::-1]]))
+    client = redis.Redis.from_url(private.settings.redis_url, decode_responses=True)
+    with _in_a_worker_task(private, "the-undo", root) as undo:
+        following = signature(remaining[-1], app=private.app)
+        made = private.core.prepared.chain_message(following, remaining[:-1])
+        assert made is not None
+        # As celery.app.trace sends the chain's next on success
+        signature(remaining[-1], app=private.app).apply_async(
+            (None,), chain=remaining[:-1], parent_id=undo.request.id, root_id=root
+        )
+        celerys = client.rpop(QUEUE)
+    client.close()
+    assert celerys is not None
+    assert _without_tag(made[1]) == _without_tag(celerys)
+    headers = json.loads(made[1])["headers"]
+    assert (headers["id"], headers["parent_id"]) == ("run-r:2:undo:abcd1234", "the-undo")
+    assert headers["root_id"] == (root or "the-undo")
+
+
+def test_an_unwinds_message_is_celerys_to_send_where_it_cannot_be_prepared(
+    private: Saga,
+) -> None:
+    """Celery's publish sends it where the parent's priority is inherited, the first
+    signature is not the shape ``unwind_chain`` makes, or a receiver listens."""
+    first, *rest = _unwind(private, "r", [2])
+    prepared = private.core.prepared
+    private.app.conf.task_inherit_parent_priority = True
+    with _in_a_worker_task(private, "p", None):
+        assert prepared.chain_message(first, rest) is None
+    private.app.conf.task_inherit_parent_priority = False
+    assert prepared.chain_message(rest[0], []) is None  # (no task id of its own)
+    with_args = first.clone()
+    with_args["args"] = (1,)
+    assert prepared.chain_message(with_args, rest) is None
+
+    def receiver(**_: Any) -> None:
+        pass
+
+    after_task_publish.connect(receiver)
+    try:
+        assert prepared.chain_message(first, rest) is None
+    finally:
+        after_task_publish.disconnect(receiver)
+    assert prepared.chain_message(first, rest) is not None
+
+
+def test_the_unwind_is_pushed_with_its_mark_only_by_its_owner(private: Saga) -> None:
+    """``Core.start_unwind`` pushes the chain prepared in the mark's script: one message,
+    marked sent; an owner the reaper replaced meanwhile sends nothing."""
+    from tests.integration.test_stack import fail, start, succeed
+
+    store, core = private.store, private.core
+    run = private.start_run()
+    credit = start(store, run.run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    succeed(store, run.run_id, credit, "reverse_credit")
+    mail = start(store, run.run_id, "send_reply", ToolClass.COMPENSATABLE_WRITE)
+    assert fail(store, run.run_id, mail).owns_unwind
+    owner = f"step:{mail}"
+    picture = store.picture(run.run_id)
+    assert picture is not None
+    # The reaper took the unwind over meanwhile: this owner sends nothing
+    store.client.hset(run_keys(run.run_id)[0], "owner", "reaper:1")
+    assert core.start_unwind(run.run_id, owner, picture) is True
+    assert _queued(private) == []
+    # Its owner's is pushed with the mark: one message, the undo's, carrying the conclusion
+    store.client.hset(run_keys(run.run_id)[0], "owner", owner)
+    assert core.start_unwind(run.run_id, owner, picture) is True
+    (message,) = _queued(private)
+    run_hash = store.client.hgetall(run_keys(run.run_id)[0])
+    assert (run_hash["sent"], run_hash["sent_chain"]) == ("1", message["headers"]["id"])
+    assert message["headers"]["task"] == "tools.reverse_credit"
+    body = json.loads(base64.b64decode(message["body"]))
+    assert body[1] == {"run_id": run.run_id, "compensates": credit, "unwind": owner}
+    assert [s["task"] for s in body[2]["chain"]] == [CONCLUDE_UNWIND_TASK]
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from saga.constants import (
 from saga.errors import StoreUnavailableError
 from saga.model import CompensationState, RunState, StepState, ToolClass
 from saga.rules import gate_for
-from saga.stack import Outcome, RunStore
+from saga.stack import ChainPush, Outcome, RunStore
 from tests.conftest import TEST_STORE
 
 RETENTION = 60
@@ -346,6 +346,34 @@ def test_redelivered_failure_owns_again_only_until_sent(store: RunStore, new_run
     # Then a further redelivery no longer owns it
     late = fail(store, run_id, step)
     assert (late.status, late.owns_unwind) == ("dup", False)
+
+
+def test_the_mark_pushes_the_unwinds_chain_for_its_owner_once(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """The unwind's first message, prepared, is pushed by the mark's script: only by the
+    unwind's owner, and once however often the same call comes (a retried command)."""
+    run_id = new_run()
+    step = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    assert fail(store, run_id, step).owns_unwind is True
+    queue = f"saga-test-queue-{run_id}"
+    push = ChainPush(queue, f"{run_id}:{step}:undo:a", "the first message")
+    try:
+        # A stranger's mark pushes nothing
+        assert store.mark_sent(run_id, "step:99", push) is False
+        assert store.client.llen(queue) == 0
+        assert run_hash(store, run_id)["sent"] == "0"
+        # The owner's pushes the message with the mark, and the same call again nothing more
+        assert store.mark_sent(run_id, f"step:{step}", push) is True
+        assert store.mark_sent(run_id, f"step:{step}", push) is True
+        assert store.client.lrange(queue, 0, -1) == ["the first message"]
+        assert run_hash(store, run_id)["sent"] == "1"
+        # Another chain of the same owner (an undo pushed after the first was sent) is pushed
+        later = ChainPush(queue, f"{run_id}:{step}:undo:b", "the later chain")
+        assert store.mark_sent(run_id, f"step:{step}", later) is True
+        assert store.client.lrange(queue, 0, -1) == ["the later chain", "the first message"]
+    finally:
+        store.client.delete(queue)
 
 
 def test_redelivered_failure_of_a_non_owner_does_not_own(store: RunStore, new_run: NewRun) -> None:
