@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from celery import Celery, Task
-from celery.canvas import signature
+from celery.canvas import Signature, signature
 from celery.exceptions import Ignore
 
 from saga import metrics, payload
@@ -28,6 +28,7 @@ from saga.delivery import (
 from saga.errors import StepInDoubtError
 from saga.model import StepContext
 from saga.picture import RunPicture
+from saga.stack import Outcome
 from saga.tools import Tool
 
 # The workers' logger, whichever of their modules logs: operators and tests match its name.
@@ -97,6 +98,16 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
         )
         _continue_chain(core, task, run_id, last)
         raise
+    following = _prepared_next(core, task, run_id)
+    if following is not None:  # the next undo's message goes with the record, in its script
+        recorded = _record_compensation(core, run_id, step, "done", None, claim, following[1])
+        metrics.compensation(tool.name, "done")
+        if recorded.status == "ok":
+            core.prepared.pushed_from_here(following[0])
+            task.request.chain = None  # passed on: Celery's tracer has nothing left to send
+        else:  # recorded before (a repeat whose first reply was lost): passed on apart
+            _pass_on(core, task)
+        return {"compensated": step}
     last = _recorded_last(core, task, run_id, step, "done", None, claim)
     metrics.compensation(tool.name, "done")
     _conclude_here(core, task, run_id, last)
@@ -133,11 +144,18 @@ def _ask(
 
 
 def _record_compensation(
-    core: Core, run_id: str, step: int, outcome: str, error: dict[str, Any] | None, claim: str
-) -> None:
+    core: Core,
+    run_id: str,
+    step: int,
+    outcome: str,
+    error: dict[str, Any] | None,
+    claim: str,
+    push: tuple[str, str] | None = None,
+) -> Outcome:
     """An undo's outcome, kept however briefly the stack's Redis is away (a repeat whose first
-    call landed is answered as a duplicate)."""
-    patiently(
+    call landed is answered as a duplicate). ``push``: the next undo's message (its queue and
+    the message), pushed by the script that records this one done."""
+    return patiently(
         core,
         f"run {run_id} undo {step}: {outcome}",
         core.store.record_compensation,
@@ -146,6 +164,8 @@ def _record_compensation(
         outcome,
         error,
         claim,
+        "",  # (no owner: not a revoke)
+        push,
     )
 
 
@@ -201,10 +221,23 @@ def _conclude_here(core: Core, task: Task, run_id: str, picture: RunPicture | No
     task.request.chain = None  # concluded: Celery's tracer has nothing left to send
 
 
+def _prepared_next(core: Core, task: Task, run_id: str) -> tuple[Signature, tuple[str, str]] | None:
+    """The rest of the unwind's chain as Celery's tracer would send it once this task returns,
+    prepared (``saga.prepared_publish``): its first signature, and the queue and the message.
+    None where Celery's publish sends it, when nothing is left, and when all that is left is
+    the conclusion (made here: ``_conclude_here``)."""
+    remaining = task.request.chain
+    if not remaining or _conclusion_left(task, run_id) is not None:
+        return None
+    following = signature(remaining[-1], app=task.app)
+    made = core.prepared.chain_message(following, remaining[:-1])
+    return None if made is None else (following, made)
+
+
 def _pass_on(core: Core, task: Task) -> None:
     """Send the rest of the unwind now, as Celery's tracer would once this task returns, where
-    its message is prepared (``saga.prepared_publish``): one push, without Celery's publish in
-    Python. Anywhere else, or if the push fails, the tracer sends it, as it always did."""
+    its message is prepared: one push, without Celery's publish in Python. Anywhere else, or
+    if the push fails, the tracer sends it, as it always did."""
     remaining = task.request.chain
     if not remaining:
         return

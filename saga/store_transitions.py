@@ -244,12 +244,16 @@ class RunTransitions(StoreCore):
         error: dict[str, Any] | None = None,
         claim: str = "",
         owner: str = "",
+        push: tuple[str, str] | None = None,
     ) -> Outcome:
         """``outcome``: ``done``, ``fail``, ``retry`` (by the claim's holder) or ``revoke`` (for
-        the unwind of ``owner``; ``claim=REVOKE_KILLED`` when the execution died by SIGKILL)."""
-        return self._call(
-            "record_compensation", run_id, step, outcome, _error_json(error), claim, owner
-        )
+        the unwind of ``owner``; ``claim=REVOKE_KILLED`` when the execution died by SIGKILL).
+        ``push``: a queue and a message (the next undo's) pushed by the same script if, and
+        only if, it records the undo done (``ok``)."""
+        args = (step, outcome, _error_json(error), claim, owner)
+        if push is None:
+            return self._call("record_compensation", run_id, *args)
+        return self._call("record_compensation", run_id, *args, push[1], extra=push[0])
 
     def record_last_compensation(
         self, run_id: str, step: int, outcome: str, error: dict[str, Any] | None, claim: str

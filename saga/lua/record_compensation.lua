@@ -1,5 +1,8 @@
 -- ARGV: step, outcome ('done' | 'fail' | 'retry' | 'revoke'), error_json, claim, owner
--- (for 'revoke', claim 'killed' says the execution died with SIGKILL: its lease ends now)
+-- (for 'revoke', claim 'killed' says the execution died with SIGKILL: its lease ends now),
+-- and, when the unwind's next message was prepared (saga/prepared_publish.py), that message,
+-- pushed to the queue KEYS[7] (the broker is this Redis) if this records the undo done: the
+-- chain is passed on exactly when the undo is recorded.
 -- The stack entry goes only once its compensation is confirmed done. 'done' is the truth and
 -- is taken from whoever ran it; 'fail' and 'retry' only from the execution holding the claim;
 -- 'revoke' only for the current owner's unwind (a stale revoke changes nothing).
@@ -42,6 +45,7 @@ if outcome == 'revoke' and redis.call('HGET', RUN, 'owner') ~= ARGV[5] then retu
 if to == 'done' then
   redis.call('LREM', STACK, 1, redis.call('HGET', COMPS, n .. ':entry'))
   redis.call('HSET', COMPS, n .. ':state', to, n .. ':at', NOW_S, n .. ':claim', '')
+  if ARGV[6] then redis.call('LPUSH', KEYS[7], ARGV[6]) end
 elseif to == 'failed' and outcome == 'revoke' and cs == 'running' and ARGV[4] ~= 'killed' then
   -- Revoked while running: the execution may still be undoing (a revoke does not stop a
   -- running task; a terminate takes a moment). Its claim stays, so its lease keeps a requeued

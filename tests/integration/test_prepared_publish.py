@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -530,6 +531,29 @@ def test_the_unwind_is_pushed_with_its_mark_only_by_its_owner(private: Saga) -> 
     body = json.loads(base64.b64decode(message["body"]))
     assert body[1] == {"run_id": run.run_id, "compensates": credit, "unwind": owner}
     assert [s["task"] for s in body[2]["chain"]] == [CONCLUDE_UNWIND_TASK]
+
+
+def test_a_worker_pushes_an_unwind_with_its_scripts(saga: Saga) -> None:
+    """On the session's worker, a failing run's unwind is pushed by the scripts: its first
+    message by the mark, the next undo's by the script recording the newer one done; Celery
+    publishes none of them."""
+    from benchmarks.commands import Monitor
+    from tasks import systems
+
+    if not saga.core.prepared._same_redis:
+        pytest.skip("this session's broker is not the store's Redis")
+    systems.set_down("mail")
+    monitor = Monitor(saga.settings.redis_url)
+    try:
+        run = saga.start_run()
+        demo_steps(run)
+        assert run.wait(timeout=30).state is RunState.COMPENSATED
+    finally:
+        lines = monitor.stop()
+    undos = [line for line in lines if f"{run.run_id}:" in line and ":undo:" in line]
+    pushes = [line for line in undos if '"LPUSH"' in line]
+    assert len(pushes) == 2, pushes
+    assert all(re.search(r"\[\d+ lua\] ", line) for line in pushes), pushes
 
 
 @pytest.mark.parametrize(

@@ -376,6 +376,38 @@ def test_the_mark_pushes_the_unwinds_chain_for_its_owner_once(
         store.client.delete(queue)
 
 
+def test_an_undo_recorded_done_pushes_the_next_message_once(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """The next undo's message, prepared, is pushed by the script that records an undo done,
+    only then: not on a repeat of that record, nor with a failure."""
+    run_id = new_run()
+    one = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    succeed(store, run_id, one, "reverse_credit")
+    two = start(store, run_id, "set_ticket_status", ToolClass.REVERSIBLE_WRITE)
+    succeed(store, run_id, two, "restore_status")
+    three = start(store, run_id, "send_reply", ToolClass.COMPENSATABLE_WRITE)
+    assert fail(store, run_id, three).owns_unwind
+    queue = f"saga-test-queue-{run_id}"
+    try:
+        assert begin_comp(store, run_id, two).status == "run"
+        claim = _CLAIMS[(run_id, two)]
+        push = (queue, "the next undo")
+        done = store.record_compensation(run_id, two, "done", None, claim, "", push)
+        assert done.status == "ok"
+        again = store.record_compensation(run_id, two, "done", None, claim, "", push)
+        assert again.status == "dup"
+        assert store.client.lrange(queue, 0, -1) == ["the next undo"]
+        assert begin_comp(store, run_id, one).status == "run"
+        error = {"type": "RuntimeError", "message": "no"}
+        claim = _CLAIMS[(run_id, one)]
+        failed = store.record_compensation(run_id, one, "fail", error, claim, "", push)
+        assert failed.status == "ok"
+        assert store.client.llen(queue) == 1
+    finally:
+        store.client.delete(queue)
+
+
 def test_redelivered_failure_of_a_non_owner_does_not_own(store: RunStore, new_run: NewRun) -> None:
     """The step that failed first (while another was in flight) never owns, even redelivered."""
     run_id = new_run()
