@@ -2,9 +2,11 @@
 tree and from another commit, alternated in one invocation so drift hits both alike.
 
 The other commit is exported (``git archive``) into a temporary directory and its own
-``benchmarks/peers.py`` is run there (``--pass normal --without-dbos``), so its caller, worker
-and scripts are that commit's. Each pass is a process of its own (a saga app binds its Redis at
-import); passes alternate base, this tree, base, ... ``--repeat`` times. Reported per mode: the
+``benchmarks/peers.py`` is run there (``--pass normal --without-dbos``; ``--pass durable`` for
+Redis syncing every write), so its caller, worker and scripts are that commit's. Each pass is a
+process of its own (a saga app binds its Redis at import); passes alternate between the trees
+``--repeat`` times, and which tree goes first alternates too (the first of a pair ran slower
+here). Reported per mode: the
 median over the passes of CPU ms per run (by process), Redis commands per run, runs/s and solo
 p50, for each tree, and this tree's figure over the base's. CPU per run and commands per run
 are the robust figures on a shared machine; runs/s and latency move between passes.
@@ -44,8 +46,8 @@ def export(commit: str, into: Path) -> Path:
 
 
 def one_pass(tree: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """``tree``'s peers benchmark, normal pass, bare and saga: its table (per run)."""
-    command = [sys.executable, str(tree / "benchmarks" / "peers.py"), "--pass", "normal"]
+    """``tree``'s peers benchmark, one pass, bare and saga: its table (per run)."""
+    command = [sys.executable, str(tree / "benchmarks" / "peers.py"), "--pass", args.pass_]
     command += ["--without-dbos", "--json", f"--runs={args.runs}", f"--rounds={args.rounds}"]
     command += [f"--solo={args.solo}", f"--concurrency={args.concurrency}"]
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -82,17 +84,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per pass")
     parser.add_argument("--solo", type=int, default=10, help="solo runs per pass")
     parser.add_argument("--concurrency", type=int, default=2, help="Celery worker pool size")
+    parser.add_argument("--pass", dest="pass_", choices=["normal", "durable"], default="normal")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="saga-ab-") as tmp:
         trees = {args.base: export(args.base, Path(tmp)), "this tree": ROOT}
         passes: dict[str, list[Any]] = {name: [] for name in trees}
         for i in range(args.repeat):
-            for name, tree in trees.items():
+            order = list(trees.items())
+            for name, tree in order if i % 2 == 0 else order[::-1]:
                 passes[name].append(one_pass(tree, args))
                 print(f"pass {i + 1}/{args.repeat}: {name} done", file=sys.stderr)
     print(
-        f"{args.repeat} alternated passes per tree ({args.rounds} rounds of {args.runs} runs "
-        f"each); medians per run, {args.base} -> this tree"
+        f"{args.pass_} pass: {args.repeat} alternated passes per tree ({args.rounds} rounds of "
+        f"{args.runs} runs each); medians per run, {args.base} -> this tree"
     )
     render(args.base, {name: medians(tables) for name, tables in passes.items()})
     return 0

@@ -2,16 +2,16 @@
 and, alternated in blocks (which goes first alternating too), the way before the cut
 (``benchmarks.failures_app``). ``--cut traceback`` (round six): a tool's failure raised from
 the tool's own frames, against saga's delivery frames above them. ``--cut chain`` (round
-seven): the unwind's chain prepared, pushed by its mark's script and passed on from each undo
-by a push, against Celery's publish with the mark apart and Celery's tracer passing it on.
-One Redis of its own; each block is a prefork worker of its own (concurrency 2) and runs
-driven 8 at a time.
+seven): the unwind's chain prepared, pushed by its mark's script and passed on by the script
+recording each newer undo done, against Celery's publish with the mark apart and Celery's
+tracer passing it on. One Redis of its own (``--durable``: syncing every write); each block is
+a prefork worker of its own (concurrency 2) and runs driven 8 at a time.
 
-Prints, per way, the medians over the blocks of the CPU ms per run of Celery's
-``TraceInfo.handle_failure`` and of ``Core.start_unwind`` in the pool children, of the pool
-children and of the worker's main process.
+Prints, per way, the medians over the blocks of the runs/s and of the CPU ms per run of
+Celery's ``TraceInfo.handle_failure`` and of ``Core.start_unwind`` in the pool children, of the
+pool children and of the worker's main process.
 
-    python benchmarks/failures.py [--cut traceback|chain] [--blocks 3] [--runs 200]
+    python benchmarks/failures.py [--cut traceback|chain] [--durable] [--blocks 3] [--runs 200]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,15 +46,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cut", choices=sorted(CUTS), default="chain")
     parser.add_argument("--blocks", type=int, default=3, help="blocks per way")
     parser.add_argument("--runs", type=int, default=200, help="failing runs per block")
+    parser.add_argument(
+        "--durable", action="store_true", help="the Redis syncs every write (appendfsync always)"
+    )
     args = parser.parse_args(argv)
     import redis
 
     from saga.testing import RedisServer, WorkerProcess
 
-    server = RedisServer("--appendonly", "no").start()
+    persistence = ("--appendonly", "yes", "--appendfsync", "always") if args.durable else ()
+    server = RedisServer(*(persistence or ("--appendonly", "no"))).start()
     ways = CUTS[args.cut]
     figures: dict[str, dict[str, list[float]]] = {
-        way: {"handle_failure": [], "start_unwind": [], "children": [], "main": []} for way in ways
+        way: {"handle_failure": [], "start_unwind": [], "children": [], "main": [], "runs/s": []}
+        for way in ways
     }
     try:
         env = costs.bench_environment(server.url, "saga-failures-")
@@ -81,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                     client.delete(FAILURE_CPU_KEY, UNWIND_CPU_KEY)
                     main_cpu = costs.process_cpu(worker.pid, descendants=False)
                     both_cpu = costs.process_cpu(worker.pid)
+                    began = time.perf_counter()
                     list(pool.map(drive, range(args.runs)))
+                    rate = args.runs / (time.perf_counter() - began)
                     spent = float(client.get(FAILURE_CPU_KEY) or 0)
                     unwinding = float(client.get(UNWIND_CPU_KEY) or 0)
                     main_cpu = costs.process_cpu(worker.pid, descendants=False) - main_cpu
@@ -91,13 +99,14 @@ def main(argv: list[str] | None = None) -> int:
                 figures[way]["start_unwind"].append(unwinding * per_run)
                 figures[way]["children"].append((both_cpu - main_cpu) * per_run)
                 figures[way]["main"].append(main_cpu * per_run)
+                figures[way]["runs/s"].append(rate)
         client.close()
     finally:
         server.stop()
     print(
-        f"--cut {args.cut}: {args.blocks} blocks of {args.runs} failing runs per way, "
-        "alternated; "
-        "medians of CPU ms per run"
+        f"--cut {args.cut}{' --durable' if args.durable else ''}: {args.blocks} blocks of "
+        f"{args.runs} failing runs per way, alternated; medians of runs/s and of "
+        "CPU ms per run"
     )
     for way, values in figures.items():
         cells = "   ".join(f"{k} {statistics.median(v):6.2f}" for k, v in values.items())

@@ -4,7 +4,8 @@ failure's ``ExceptionInfo`` and its log) and of ``Core.start_unwind`` (the unwin
 sent and marked), each added up in Redis. ``SAGA_BENCH_WHOLE_TRACEBACKS=1`` puts back the way
 before round six: a tool's failure raised with saga's delivery frames above it.
 ``SAGA_BENCH_CELERY_CHAIN=1`` the way before round seven: the unwind's chain sent by Celery's
-publish, then marked sent, and passed on from each undo by Celery's tracer.
+publish, then marked sent, and passed on from each undo by Celery's tracer once the undo is
+recorded.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if os.environ.get("SAGA_BENCH_WHOLE_TRACEBACKS") == "1":
     saga_worker.from_the_tool = lambda exc: None  # type: ignore[assignment]
 if os.environ.get("SAGA_BENCH_CELERY_CHAIN") == "1":
     saga_core.prepared_chain = lambda publisher, signatures: None  # type: ignore[assignment]
+    saga_compensation._prepared_next = lambda core, task, run_id: None  # type: ignore[assignment]
     saga_compensation._pass_on = lambda core, task: None  # type: ignore[assignment]
 
 
