@@ -35,8 +35,7 @@ if os.environ.get("SAGA_BENCH_WHOLE_TRACEBACKS") == "1":
     saga_worker.from_the_tool = lambda exc: None  # type: ignore[assignment]
 if os.environ.get("SAGA_BENCH_CELERY_CHAIN") == "1":
     saga_core.prepared_chain = lambda publisher, signatures: None  # type: ignore[assignment]
-    saga_compensation._prepared_next = lambda core, task, run_id: None  # type: ignore[assignment]
-    saga_compensation._pass_on = lambda core, task: None  # type: ignore[assignment]
+    saga_compensation._prepared_rest = lambda core, task: None  # type: ignore[assignment]
 
 
 def _timed(key: str, function: Callable[..., Any]) -> Callable[..., Any]:

@@ -98,7 +98,7 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
         )
         _continue_chain(core, task, run_id, last)
         raise
-    following = _prepared_next(core, task, run_id)
+    following = None if _conclusion_left(task, run_id) is not None else _prepared_rest(core, task)
     if following is not None:  # the next undo's message goes with the record, in its script
         recorded = _record_compensation(core, run_id, step, "done", None, claim, following[1])
         metrics.compensation(tool.name, "done")
@@ -221,13 +221,12 @@ def _conclude_here(core: Core, task: Task, run_id: str, picture: RunPicture | No
     task.request.chain = None  # concluded: Celery's tracer has nothing left to send
 
 
-def _prepared_next(core: Core, task: Task, run_id: str) -> tuple[Signature, tuple[str, str]] | None:
+def _prepared_rest(core: Core, task: Task) -> tuple[Signature, tuple[str, str]] | None:
     """The rest of the unwind's chain as Celery's tracer would send it once this task returns,
     prepared (``saga.prepared_publish``): its first signature, and the queue and the message.
-    None where Celery's publish sends it, when nothing is left, and when all that is left is
-    the conclusion (made here: ``_conclude_here``)."""
+    None when nothing is left, and where Celery's publish sends it."""
     remaining = task.request.chain
-    if not remaining or _conclusion_left(task, run_id) is not None:
+    if not remaining:
         return None
     following = signature(remaining[-1], app=task.app)
     made = core.prepared.chain_message(following, remaining[:-1])
@@ -238,15 +237,12 @@ def _pass_on(core: Core, task: Task) -> None:
     """Send the rest of the unwind now, as Celery's tracer would once this task returns, where
     its message is prepared: one push, without Celery's publish in Python. Anywhere else, or
     if the push fails, the tracer sends it, as it always did."""
-    remaining = task.request.chain
-    if not remaining:
+    prepared = _prepared_rest(core, task)
+    if prepared is None:
         return
-    following = signature(remaining[-1], app=task.app)
-    made = core.prepared.chain_message(following, remaining[:-1])
-    if made is None:
-        return
+    following, (queue, message) = prepared
     try:
-        core.prepared.push(*made)
+        core.prepared.push(queue, message)
     except Exception as exc:
         logger.warning("the rest of the unwind was not pushed (%r): Celery's publish sends it", exc)
         return

@@ -223,8 +223,8 @@ class Core(Dispatcher):
         crash in between makes the redelivered owner send again (the compensations check
         their recorded state and lease before running), never zero times; where the chain's
         message is prepared (``saga.prepared_publish``), the mark's script pushes it, so it
-        is sent exactly when marked. False when the
-        broker refused the chain (logged; the reaper sends it at the run's deadline), and when
+        is sent exactly when marked. False when the broker refused the chain (logged; the
+        reaper sends it at the run's deadline), and when
         the run's keys are older than its SQL record (``behind_records``): nothing is undone
         from a store that went back in time. ``picture``: the run as read in the transaction
         that made ``owner`` the owner (not read again).
@@ -247,9 +247,12 @@ class Core(Dispatcher):
             self.app, self.registry, self.store, picture, owner, self._publish_options
         )
         push = prepared_chain(self.prepared, signatures)
+        mine = True
         try:
             if push is None:
                 send_chain(signatures)
+            else:  # pushed by the mark's script: sent and marked as one, or neither
+                mine = self.store.mark_sent(run_id, owner, push)
         except Exception as exc:
             # Nothing is lost: the run stays unwinding, owned and not sent, so the reaper
             # takes it over at its deadline and sends it again.
@@ -259,11 +262,11 @@ class Core(Dispatcher):
             return False
         if push is None:
             self.store.mark_sent(run_id, owner)
-        elif self.store.mark_sent(run_id, owner, push):  # pushed with the mark, as one
-            self.prepared.pushed_from_here(signatures[0])
-        else:  # another owns the unwind now (the reaper took it over): its chain, not this one
+        elif not mine:  # another owns the unwind now (the reaper took it over): its chain
             logger.info("run %s: its unwind is no longer %s's; nothing sent", run_id, owner)
             return True
+        else:
+            self.prepared.pushed_from_here(signatures[0])
         metrics.stack_depth(len(picture.stack))
         logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
         return True

@@ -517,6 +517,20 @@ def test_the_unwind_is_pushed_with_its_mark_only_by_its_owner(private: Saga) -> 
     owner = f"step:{mail}"
     picture = store.picture(run.run_id)
     assert picture is not None
+    # The store away when the mark is made: nothing sent, nothing marked, False (the reaper
+    # sends the unwind at the run's deadline)
+    mark_sent = store.mark_sent
+
+    def away(*args: Any) -> bool:
+        raise StoreUnavailableError("the store is away")
+
+    store.mark_sent = away  # type: ignore[method-assign]
+    try:
+        assert core.start_unwind(run.run_id, owner, picture) is False
+    finally:
+        store.mark_sent = mark_sent  # type: ignore[method-assign]
+    assert _queued(private) == []
+    assert store.client.hget(run_keys(run.run_id)[0], "sent") == "0"
     # The reaper took the unwind over meanwhile: this owner sends nothing
     store.client.hset(run_keys(run.run_id)[0], "owner", "reaper:1")
     assert core.start_unwind(run.run_id, owner, picture) is True
