@@ -1,5 +1,5 @@
 """A task's message, prepared once per task and pushed to its queue with one command: a step's,
-and the first of an unwind's chain.
+and an unwind's.
 
 Celery's ``send_task`` costs a dispatching caller about half a millisecond per step in Python
 (the router, the message's headers built anew, the producer pool, kombu's publish and its
@@ -20,6 +20,9 @@ it, then filled with the call's values, its chain (the body is serialized per ca
 and, from inside a worker task, that task's ids as the message's root and parent, which Celery
 takes from the task running. ``mark_sent.lua`` pushes it with the mark: the failed step's
 worker makes one round trip instead of two, and the chain exists exactly when it is marked.
+The rest of the chain, passed on from each undo's task as Celery's tracer passes it on, is made
+the same way from the chain that task's message carried, and pushed by the script recording
+the undo done (``saga.compensation``).
 
 It serves only where nothing can tell the difference, and Celery's publish serves the rest:
 
