@@ -193,15 +193,18 @@ class PreparedPublisher:
         options = dict(first.options)
         task_id = options.pop("task_id", None)
         parent = self.app.current_worker_task
-        if (
-            first.task not in self.app.tasks
-            or first.args
-            or not first.immutable
-            or not isinstance(task_id, str)
-            or options != self._send_options(first.task)
-            or not self._nothing_listens()
-            or (parent is not None and self.app.conf.task_inherit_parent_priority)
-        ):
+        try:
+            preparable = (
+                self._nothing_listens()
+                and not first.args
+                and first.immutable
+                and options == self._send_options(first.task)
+                and not (parent is not None and self.app.conf.task_inherit_parent_priority)
+                and first.task in self.app.tasks
+            )
+        except Exception:  # the app's tasks could not be finalized, say: Celery's publish decides
+            return None
+        if not preparable or not isinstance(task_id, str):
             return None
         ids: tuple[str, ...] = ()
         if parent is not None:

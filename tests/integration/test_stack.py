@@ -356,7 +356,7 @@ def test_the_mark_pushes_the_unwinds_chain_for_its_owner_once(
     run_id = new_run()
     step = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
     assert fail(store, run_id, step).owns_unwind is True
-    queue = f"saga-test-queue-{run_id}"
+    queue = f"saga-test-queue:{{{run_id}}}"  # (in the run's slot, as a script's keys must be)
     push = ChainPush(queue, f"{run_id}:{step}:undo:a", "the first message")
     try:
         # A stranger's mark pushes nothing
@@ -388,7 +388,7 @@ def test_an_undo_recorded_done_pushes_the_next_message_once(
     succeed(store, run_id, two, "restore_status")
     three = start(store, run_id, "send_reply", ToolClass.COMPENSATABLE_WRITE)
     assert fail(store, run_id, three).owns_unwind
-    queue = f"saga-test-queue-{run_id}"
+    queue = f"saga-test-queue:{{{run_id}}}"  # (in the run's slot, as a script's keys must be)
     try:
         assert begin_comp(store, run_id, two).status == "run"
         claim = _CLAIMS[(run_id, two)]
