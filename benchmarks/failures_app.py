@@ -20,6 +20,7 @@ from celery.app.trace import TraceInfo
 
 import saga.compensation as saga_compensation
 import saga.core as saga_core
+import saga.unwind as saga_unwind
 import saga.worker as saga_worker
 from benchmarks import bench_app
 from benchmarks.bench_app import app, saga
@@ -34,7 +35,7 @@ UNWIND_CPU_KEY = "bench:start-unwind-cpu"
 if os.environ.get("SAGA_BENCH_WHOLE_TRACEBACKS") == "1":
     saga_worker.from_the_tool = lambda exc: None  # type: ignore[assignment]
 if os.environ.get("SAGA_BENCH_CELERY_CHAIN") == "1":
-    saga_core.prepared_chain = lambda publisher, signatures: None  # type: ignore[assignment]
+    saga_unwind.prepared_chain = lambda publisher, signatures: None  # type: ignore[assignment]
     saga_compensation._prepared_rest = lambda core, task: None  # type: ignore[assignment]
 
 

@@ -48,7 +48,7 @@ from saga.settings import Settings
 from saga.stack import RunStore
 from saga.tool_hosts import CallerTools
 from saga.tools import Tool, ToolRegistry
-from saga.unwind import prepared_chain, send_chain, unwind_chain
+from saga.unwind import send_unwind, unwind_chain
 
 logger = logging.getLogger("saga")
 # The workers' logger (``saga.delivery``'s), for what a worker waits out.
@@ -223,11 +223,11 @@ class Core(Dispatcher):
         crash in between makes the redelivered owner send again (the compensations check
         their recorded state and lease before running), never zero times; where the chain's
         message is prepared (``saga.prepared_publish``), the mark's script pushes it, so it
-        is sent exactly when marked. False when the broker refused the chain (logged; the
-        reaper sends it at the run's deadline), and when
-        the run's keys are older than its SQL record (``behind_records``): nothing is undone
-        from a store that went back in time. ``picture``: the run as read in the transaction
-        that made ``owner`` the owner (not read again).
+        is sent exactly when marked (``saga.unwind.send_unwind``). False when the broker
+        refused the chain (logged; the reaper sends it at the run's deadline), and when the
+        run's keys are older than its SQL record (``behind_records``): nothing is undone from
+        a store that went back in time. ``picture``: the run as read in the transaction that
+        made ``owner`` the owner (not read again).
         """
         picture = picture or self.picture(run_id)
         try:
@@ -246,30 +246,7 @@ class Core(Dispatcher):
         signatures = unwind_chain(
             self.app, self.registry, self.store, picture, owner, self._publish_options
         )
-        push = prepared_chain(self.prepared, signatures)
-        mine = True
-        try:
-            if push is None:
-                send_chain(signatures)
-            else:  # pushed by the mark's script: sent and marked as one, or neither
-                mine = self.store.mark_sent(run_id, owner, push)
-        except Exception as exc:
-            # Nothing is lost: the run stays unwinding, owned and not sent, so the reaper
-            # takes it over at its deadline and sends it again.
-            logger.error(
-                "run %s: the broker did not take its unwind (%r); the reaper will", run_id, exc
-            )
-            return False
-        if push is None:
-            self.store.mark_sent(run_id, owner)
-        elif not mine:  # another owns the unwind now (the reaper took it over): its chain
-            logger.info("run %s: its unwind is no longer %s's; nothing sent", run_id, owner)
-            return True
-        else:
-            self.prepared.pushed_from_here(signatures[0])
-        metrics.stack_depth(len(picture.stack))
-        logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
-        return True
+        return send_unwind(self.store, self.prepared, picture, owner, signatures)
 
     def conclude(
         self,

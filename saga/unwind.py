@@ -8,6 +8,7 @@ builds the same chain from the same picture.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from celery import Celery
 from celery.canvas import Signature
 
-from saga import rules
+from saga import metrics, rules
 from saga.constants import CONCLUDE_UNWIND_TASK, tool_task_name
 from saga.errors import UnknownToolError
 from saga.model import CompensationState
@@ -23,6 +24,8 @@ from saga.picture import RunPicture
 from saga.prepared_publish import PreparedPublisher
 from saga.stack import ChainPush, RunStore
 from saga.tools import ToolRegistry
+
+logger = logging.getLogger("saga")
 
 
 def unwind_chain(
@@ -87,6 +90,42 @@ def send_chain(signatures: list[Signature]) -> None:
     rest, next last), without the canvas's cloning and freezing of each member."""
     first, *rest = signatures
     first.apply_async(chain=rest[::-1])
+
+
+def send_unwind(
+    store: RunStore,
+    publisher: PreparedPublisher,
+    picture: RunPicture,
+    owner: str,
+    signatures: list[Signature],
+) -> bool:
+    """Send ``owner``'s chain and mark it sent (``Core.start_unwind``): by Celery's publish,
+    then the mark; or, where its message is prepared, by the mark's script, sent and marked as
+    one or neither. False when the broker refused it (logged: the run stays unwinding, owned
+    and not sent, so the reaper takes it over at its deadline and sends it again)."""
+    run_id = picture.run_id
+    push = prepared_chain(publisher, signatures)
+    mine = True
+    try:
+        if push is None:
+            send_chain(signatures)
+        else:
+            mine = store.mark_sent(run_id, owner, push)
+    except Exception as exc:
+        logger.error(
+            "run %s: the broker did not take its unwind (%r); the reaper will", run_id, exc
+        )
+        return False
+    if push is None:
+        store.mark_sent(run_id, owner)
+    elif not mine:  # another owns the unwind now (the reaper took it over): its chain
+        logger.info("run %s: its unwind is no longer %s's; nothing sent", run_id, owner)
+        return True
+    else:
+        publisher.pushed_from_here(signatures[0])
+    metrics.stack_depth(len(picture.stack))
+    logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
+    return True
 
 
 def prepared_chain(publisher: PreparedPublisher, signatures: list[Signature]) -> ChainPush | None:
