@@ -165,7 +165,8 @@ WHY = {
     "reserve": "the pivot gate checked and the step reserved, atomically",
     "begin_step": "check before run: a redelivery replays; the lease is taken",
     "record_success": "record after: result, undo pushed, pivot, settle signal, in one script",
-    "record_failure": "the final failure; the last step settling owns the unwind",
+    "record_failure": "the final failure; the last step settling owns the unwind, and its "
+    "chain (made from the reading just before) is pushed and marked sent with it",
     "mark_sent": "the unwind's chain pushed (prepared as Celery's) and marked sent, as one: "
     "a redelivered owner must not resend",
     "begin_compensation": "check before run of an undo, fenced by the unwind's owner; lease",

@@ -4,14 +4,18 @@ and, alternated in blocks (which goes first alternating too), the way before the
 the tool's own frames, against saga's delivery frames above them. ``--cut chain`` (round
 seven): the unwind's chain prepared, pushed by its mark's script and passed on by the script
 recording each newer undo done, against Celery's publish with the mark apart and Celery's
-tracer passing it on. One Redis of its own (``--durable``: syncing every write); each block is
-a prefork worker of its own (concurrency 2) and runs driven 8 at a time.
+tracer passing it on. ``--cut failure`` (round eight): the unwind's chain made before the
+final failure's record and pushed by it, against the record read back and the mark apart.
+One Redis of its own (``--durable``: syncing every write); each block is a prefork worker of
+its own (concurrency 2) and runs driven 8 at a time.
 
 Prints, per way, the medians over the blocks of the runs/s and of the CPU ms per run of
-Celery's ``TraceInfo.handle_failure`` and of ``Core.start_unwind`` in the pool children, of the
-pool children and of the worker's main process.
+Celery's ``TraceInfo.handle_failure``, of ``Core.start_unwind`` and of the failed step's
+``saga.forward._record_failure`` (the record and the unwind's start) in the pool children, of
+the pool children and of the worker's main process.
 
-    python benchmarks/failures.py [--cut traceback|chain] [--durable] [--blocks 3] [--runs 200]
+    python benchmarks/failures.py [--cut traceback|chain|failure] [--durable] [--blocks 3]
+        [--runs 200]
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ CUTS = {
         "pushed": {"SAGA_BENCH_CELERY_CHAIN": "0"},
         "celery's": {"SAGA_BENCH_CELERY_CHAIN": "1"},
     },
+    "failure": {
+        "with it": {"SAGA_BENCH_FAILURE_APART": "0"},
+        "apart": {"SAGA_BENCH_FAILURE_APART": "1"},
+    },
 }
 
 
@@ -58,7 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     server = RedisServer(*(persistence or ("--appendonly", "no"))).start()
     ways = CUTS[args.cut]
     figures: dict[str, dict[str, list[float]]] = {
-        way: {"handle_failure": [], "start_unwind": [], "children": [], "main": [], "runs/s": []}
+        way: {
+            "handle_failure": [],
+            "start_unwind": [],
+            "record_failure": [],
+            "children": [],
+            "main": [],
+            "runs/s": [],
+        }
         for way in ways
     }
     try:
@@ -66,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         client = redis.Redis.from_url(server.url)
         # Imported once the environment names the benchmark's Redis (the apps read it once).
         from benchmarks import bench_app
-        from benchmarks.failures_app import FAILURE_CPU_KEY, UNWIND_CPU_KEY
+        from benchmarks.failures_app import (
+            FAILURE_CPU_KEY,
+            RECORD_FAILURE_CPU_KEY,
+            UNWIND_CPU_KEY,
+        )
         from benchmarks.peers import celery_drivers
 
         bench_app.saga.records  # noqa: B018 - made before the first timed run
@@ -84,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 with worker:
                     list(pool.map(drive, range(20)))  # warm-up: scripts, statements, imports
-                    client.delete(FAILURE_CPU_KEY, UNWIND_CPU_KEY)
+                    client.delete(FAILURE_CPU_KEY, UNWIND_CPU_KEY, RECORD_FAILURE_CPU_KEY)
                     main_cpu = costs.process_cpu(worker.pid, descendants=False)
                     both_cpu = costs.process_cpu(worker.pid)
                     began = time.perf_counter()
@@ -92,11 +111,13 @@ def main(argv: list[str] | None = None) -> int:
                     rate = args.runs / (time.perf_counter() - began)
                     spent = float(client.get(FAILURE_CPU_KEY) or 0)
                     unwinding = float(client.get(UNWIND_CPU_KEY) or 0)
+                    recording = float(client.get(RECORD_FAILURE_CPU_KEY) or 0)
                     main_cpu = costs.process_cpu(worker.pid, descendants=False) - main_cpu
                     both_cpu = costs.process_cpu(worker.pid) - both_cpu
                 per_run = 1000 / args.runs
                 figures[way]["handle_failure"].append(spent * per_run)
                 figures[way]["start_unwind"].append(unwinding * per_run)
+                figures[way]["record_failure"].append(recording * per_run)
                 figures[way]["children"].append((both_cpu - main_cpu) * per_run)
                 figures[way]["main"].append(main_cpu * per_run)
                 figures[way]["runs/s"].append(rate)

@@ -48,7 +48,7 @@ from saga.settings import Settings
 from saga.stack import RunStore
 from saga.tool_hosts import CallerTools
 from saga.tools import Tool, ToolRegistry
-from saga.unwind import send_unwind, unwind_chain
+from saga.unwind import PreparedUnwind, prepared_unwind, send_unwind, unwind_chain
 
 logger = logging.getLogger("saga")
 # The workers' logger (``saga.delivery``'s), for what a worker waits out.
@@ -219,15 +219,13 @@ class Core(Dispatcher):
         in ``saga.conclude_unwind`` (which the last compensation's task makes itself when it
         can: ``saga.compensation``); past the pivot, conclude at once (escalate, no unwinding).
 
-        Only the owner of the unwind calls this. It sends first and marks sent after, so a
-        crash in between makes the redelivered owner send again (the compensations check
-        their recorded state and lease before running), never zero times; where the chain's
-        message is prepared (``saga.prepared_publish``), the mark's script pushes it, so it
-        is sent exactly when marked (``saga.unwind.send_unwind``). False when the broker
-        refused the chain (logged; the reaper sends it at the run's deadline), and when the
-        run's keys are older than its SQL record (``behind_records``): nothing is undone from
-        a store that went back in time. ``picture``: the run as read in the transaction that
-        made ``owner`` the owner (not read again).
+        Only the owner of the unwind calls this. The chain is sent and marked sent
+        (``saga.unwind.send_unwind``): a crash in between makes the redelivered owner send
+        again, never zero times, or, where its message is prepared, the mark's script pushes
+        it. False when the broker refused the chain (logged; the reaper sends it at the run's
+        deadline), and when the run's keys are older than its SQL record (``behind_records``):
+        nothing is undone from a store that went back in time. ``picture``: the run as read
+        in the transaction that made ``owner`` the owner (not read again).
         """
         picture = picture or self.picture(run_id)
         try:
@@ -247,6 +245,12 @@ class Core(Dispatcher):
             self.app, self.registry, self.store, picture, owner, self._publish_options
         )
         return send_unwind(self.store, self.prepared, picture, owner, signatures)
+
+    def prepared_unwind(self, picture: RunPicture, owner: str) -> PreparedUnwind | None:
+        """``start_unwind``'s chain from ``picture``, prepared for the script that makes
+        ``owner`` the owner to push (``saga.unwind.prepared_unwind``)."""
+        parts = (self.app, self.registry, self.store, self.prepared, self._publish_options)
+        return prepared_unwind(*parts, picture, owner)
 
     def conclude(
         self,

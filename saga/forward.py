@@ -10,10 +10,12 @@ stored and the message acked, so a crash could lose the push or make it twice.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore
+from sqlalchemy.exc import SQLAlchemyError
 
 from saga import metrics, payload
 from saga.celery_amqp import broker_countdown
@@ -30,9 +32,12 @@ from saga.delivery import (
 )
 from saga.effects import UNDO_PROBLEM
 from saga.errors import StepFailedError, StepInDoubtError, ToolRejected
-from saga.model import StepContext, ToolClass
+from saga.model import RunState, StepContext, ToolClass
+from saga.picture import RunPicture
 from saga.reaper import mark_in_doubt
+from saga.stack import Outcome
 from saga.tools import Tool
+from saga.unwind import unwinding
 
 # The workers' logger, whichever of their modules logs: operators and tests match its name.
 logger = logging.getLogger("saga.worker")
@@ -185,16 +190,63 @@ def _in_doubt(core: Core, run_id: str, step: int, error: dict[str, Any]) -> None
 def _record_failure(core: Core, run_id: str, step: int, error: dict[str, Any], event: str) -> None:
     what = f"run {run_id} step {step}: the failure"
     picture = None
-    if event == "fail":  # read back with it: the unwind it may own starts from that reading
+    if event != "fail":
+        outcome = patiently(core, what, core.store.record_failure, run_id, step, error, event)
+    elif (pushed := _fail_and_push(core, run_id, step, error)) is not None:
+        outcome = pushed
+    else:  # read back with it: the unwind it may own starts from that reading
         store = core.store
         outcome, picture = patiently(core, what, store.record_final_failure, run_id, step, error)
-    else:
-        outcome = patiently(core, what, core.store.record_failure, run_id, step, error, event)
-    if outcome.owns_unwind:
+    if outcome.owns_unwind and not outcome.pushed:
         core.start_unwind(run_id, f"step:{step}", picture)
     # The script checked the step's hosted turn when it settled it (not on a repeat).
     turn_done = int(outcome.values[1]) if outcome.status == "ok" else None
     core.step_settled(run_id, step, turn_done)
+
+
+def _fail_and_push(core: Core, run_id: str, step: int, error: dict[str, Any]) -> Outcome | None:
+    """The final failure recorded, and the unwind it makes this step own pushed and marked
+    sent by the same script: one wait for the disk where the usual way makes two (the record,
+    then the mark). The chain is made beforehand, from the run as read just before (a read
+    waits for no disk) and as this failure will leave it; the script pushes it only if the
+    run is still at that reading's version. None where that cannot be (the failure then goes
+    the usual way): nothing is prepared here, or the reading says this step will not own a
+    plain unwind (another step in flight, another owner, a pivot passed), or that its keys
+    are behind their SQL record (``Core.start_unwind`` escalates that)."""
+    if not core.prepared.may_prepare():
+        return None
+    owner = f"step:{step}"
+    before = patiently(core, f"run {run_id} step {step}: the run", core.store.picture, run_id)
+    if before is None or not _would_own_plain_unwind(before, step):
+        return None
+    after = replace(before, state=RunState.UNWINDING, version=str(int(before.version) + 1))
+    try:
+        if core.behind_records(run_id, after.state, after.version, after.recorded_version):
+            return None
+    except SQLAlchemyError:
+        return None
+    prepared = core.prepared_unwind(after, owner)
+    if prepared is None:
+        return None
+    record = core.store.record_failure_and_push
+    what = f"run {run_id} step {step}: the failure"
+    outcome = patiently(core, what, record, run_id, step, error, before.version, prepared.push)
+    if outcome.pushed:
+        core.prepared.pushed_from_here(prepared.signatures[0])
+        unwinding(after, prepared.signatures)
+    return outcome
+
+
+def _would_own_plain_unwind(picture: RunPicture, step: int) -> bool:
+    """Whether failing ``step`` makes it the owner of an unwind that sends a chain, as
+    ``maybe_own`` in the scripts judges it, from a reading the script fences by version."""
+    return (
+        picture.state in (RunState.RUNNING, RunState.UNWINDING)
+        and picture.version.isdigit()
+        and picture.pivot_step is None
+        and picture.in_flight == (step,)
+        and not picture.extra.get("owner")
+    )
 
 
 def _settle_success_patiently(

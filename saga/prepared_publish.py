@@ -172,7 +172,7 @@ class PreparedPublisher:
         """The queue's key and the message Celery would push for this step's call, to push on
         the store's connection (``publish``, or the step's reservation itself); None where
         Celery's publish must send it."""
-        if self.app.current_worker_task is not None or not self._nothing_listens():
+        if self.app.current_worker_task is not None or not self.may_prepare():
             return None
         template = self._template(task, _STEP, kwargs)
         if template is None:
@@ -195,7 +195,7 @@ class PreparedPublisher:
         parent = self.app.current_worker_task
         try:
             preparable = (
-                self._nothing_listens()
+                self.may_prepare()
                 and not first.args
                 and first.immutable
                 and options == self._send_options(first.task)
@@ -233,7 +233,7 @@ class PreparedPublisher:
             result.ignored = first.type.ignore_result
             parent.add_trail(result)
 
-    def _nothing_listens(self) -> bool:
+    def may_prepare(self) -> bool:
         """Whether the broker is the store's Redis and nothing could tell a prepared message
         from Celery's publish (see the module)."""
         conf = self.app.conf

@@ -170,6 +170,12 @@ class Outcome:
             and self.values[0] in (1, "1")
         )
 
+    @property
+    def pushed(self) -> bool:
+        """True when the script that made this caller the unwind's owner also pushed its
+        chain and marked it sent (``RunTransitions.record_failure_and_push``)."""
+        return self.owns_unwind and len(self.values) > 2 and self.values[2] in (1, "1")
+
 
 class StoreCore:
     """What every part of the store (``saga.stack.RunStore``) is built on: the Redis client,
@@ -204,7 +210,7 @@ class StoreCore:
         keys = script_keys(run_id)
         if step is not None:
             keys.append(settled_key(run_id, step))
-        elif isinstance(extra, str):
+        if isinstance(extra, str):
             keys += [extra] if extra else []
         else:
             keys += extra

@@ -142,6 +142,17 @@ class RunTransitions(StoreCore):
         args = (step, _error_json(error), "fail")
         return self._call_and_read("record_failure", run_id, args, [settled_key(run_id, step)])
 
+    def record_failure_and_push(
+        self, run_id: str, step: int, error: dict[str, Any], version: str, push: ChainPush
+    ) -> Outcome:
+        """``record_failure`` (``fail``) and, if it makes the step the unwind's owner while the
+        run is still at ``version`` (the reading ``push``'s chain was made from), the chain
+        pushed and marked sent by the same script, as ``mark_sent`` would: one wait for the
+        disk instead of two. ``pushed`` tells whether it was; an owner it was not pushed for
+        starts its unwind as any owner does."""
+        args = (step, _error_json(error), "fail", version, push.chain, push.message)
+        return self._call("record_failure", run_id, *args, step=step, extra=push.queue)
+
     def record_retry(self, run_id: str, step: int, error: dict[str, Any], hold: float) -> Outcome:
         return self._call("record_retry", run_id, step, _error_json(error), hold)
 

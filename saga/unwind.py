@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
@@ -123,9 +124,44 @@ def send_unwind(
         return True
     else:
         publisher.pushed_from_here(signatures[0])
-    metrics.stack_depth(len(picture.stack))
-    logger.info("run %s: unwinding %d compensation(s)", run_id, len(signatures) - 1)
+    unwinding(picture, signatures)
     return True
+
+
+def unwinding(picture: RunPicture, signatures: list[Signature]) -> None:
+    """A chain is on the broker: its stack's depth measured and its start logged."""
+    metrics.stack_depth(len(picture.stack))
+    logger.info("run %s: unwinding %d compensation(s)", picture.run_id, len(signatures) - 1)
+
+
+@dataclass(frozen=True)
+class PreparedUnwind:
+    """An unwind's chain made before the script that makes its owner runs, and its first
+    message prepared for that script to push (``prepared_unwind``)."""
+
+    signatures: list[Signature]
+    push: ChainPush
+
+
+def prepared_unwind(
+    app: Celery,
+    registry: ToolRegistry,
+    store: RunStore,
+    publisher: PreparedPublisher,
+    publish_options: Callable[[str], dict[str, Any]],
+    picture: RunPicture,
+    owner: str,
+) -> PreparedUnwind | None:
+    """The chain ``Core.start_unwind`` would send from ``picture`` (the run as the script
+    will leave it), prepared for the script that makes ``owner`` the owner to push with the
+    mark (``RunStore.record_failure_and_push``). None where the usual way must send it:
+    Celery's publish sends it, or making it writes (an undo that cannot be sent is recorded
+    failed, which only the owner may do)."""
+    if not publisher.may_prepare() or any(_unrunnable(registry, e) for e in picture.stack):
+        return None
+    signatures = unwind_chain(app, registry, store, picture, owner, publish_options)
+    push = prepared_chain(publisher, signatures)
+    return None if push is None else PreparedUnwind(signatures, push)
 
 
 def prepared_chain(publisher: PreparedPublisher, signatures: list[Signature]) -> ChainPush | None:

@@ -547,6 +547,68 @@ def test_the_unwind_is_pushed_with_its_mark_only_by_its_owner(private: Saga) -> 
     assert [s["task"] for s in body[2]["chain"]] == [CONCLUDE_UNWIND_TASK]
 
 
+def test_the_final_failure_pushes_its_unwind_with_its_record(private: Saga) -> None:
+    """A step's final failure, where the unwind's message is prepared, is recorded, its chain
+    pushed and marked sent by one script, with no mark of its own; a run that moved on
+    between the reading the chain was made from and the record is unwound the usual way,
+    once."""
+    from saga.forward import _record_failure
+    from tests.integration.test_stack import start, succeed
+
+    store, core = private.store, private.core
+    error = {"type": "RuntimeError", "message": "mail is down"}
+    marks: list[tuple[Any, ...]] = []
+    mark_sent, picture = store.mark_sent, store.picture
+
+    def counted(*args: Any) -> bool:
+        marks.append(args)
+        return mark_sent(*args)
+
+    def failing_run() -> tuple[str, int, int]:
+        run = private.start_run()
+        credit = start(store, run.run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+        succeed(store, run.run_id, credit, "reverse_credit")
+        mail = start(store, run.run_id, "send_reply", ToolClass.REVERSIBLE_WRITE)
+        return run.run_id, credit, mail
+
+    def unwound(run_id: str, credit: int, mail: int) -> None:
+        (message,) = _queued(private)
+        run_hash = store.client.hgetall(run_keys(run_id)[0])
+        assert (run_hash["owner"], run_hash["sent"]) == (f"step:{mail}", "1")
+        assert run_hash["sent_chain"] == message["headers"]["id"]
+        assert message["headers"]["task"] == "tools.reverse_credit"
+        body = json.loads(base64.b64decode(message["body"]))
+        assert body[1] == {"run_id": run_id, "compensates": credit, "unwind": f"step:{mail}"}
+        assert [s["task"] for s in body[2]["chain"]] == [CONCLUDE_UNWIND_TASK]
+
+    store.mark_sent = counted  # type: ignore[method-assign]
+    try:
+        run_id, credit, mail = failing_run()
+        _record_failure(core, run_id, mail, error, "fail")
+        unwound(run_id, credit, mail)
+        assert marks == []
+
+        # Another writer moves the run on just after it was read: the record pushes nothing,
+        # and the owner it made sends the chain with a mark of its own
+        run_id, credit, mail = failing_run()
+        moved: list[str] = []
+
+        def read_then_moved(run_id: str) -> Any:
+            read = picture(run_id)
+            if not moved:
+                moved.append(run_id)
+                store.client.hincrby(run_keys(run_id)[0], "version", 1)
+            return read
+
+        store.picture = read_then_moved  # type: ignore[method-assign]
+        _record_failure(core, run_id, mail, error, "fail")
+        assert moved == [run_id]
+        unwound(run_id, credit, mail)
+        assert [m[:2] for m in marks] == [(run_id, f"step:{mail}")]
+    finally:
+        store.mark_sent, store.picture = mark_sent, picture  # type: ignore[method-assign]
+
+
 def test_a_worker_pushes_an_unwind_with_its_scripts(saga: Saga) -> None:
     """On the session's worker, a failing run's unwind is pushed by the scripts: its first
     message by the mark, the next undo's by the script recording the newer one done; Celery
@@ -568,6 +630,13 @@ def test_a_worker_pushes_an_unwind_with_its_scripts(saga: Saga) -> None:
     pushes = [line for line in undos if '"LPUSH"' in line]
     assert len(pushes) == 2, pushes
     assert all(re.search(r"\[\d+ lua\] ", line) for line in pushes), pushes
+    # The first by the script that recorded the mail step's failure, no mark after it
+    first = lines.index(pushes[0])
+    script = lines[first - 1 :: -1]
+    script = script[: next(i for i, line in enumerate(script) if " lua] " not in line) + 1]
+    assert any('"failed"' in line and '"HSET"' in line for line in script), script
+    marks = [line for line in lines if '"sent_chain"' in line and run.run_id in line]
+    assert len(marks) == 1, marks
 
 
 @pytest.mark.parametrize(

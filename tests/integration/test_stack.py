@@ -376,6 +376,74 @@ def test_the_mark_pushes_the_unwinds_chain_for_its_owner_once(
         store.client.delete(queue)
 
 
+def test_the_final_failure_pushes_the_unwinds_chain_with_its_record_only_if_unmoved(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """The final failure's record pushes the chain made from the run as read before it, and
+    marks it sent, only when the record makes the step the owner and the run is still at that
+    reading's version; the same call again (its reply lost) pushes nothing more."""
+    run_id = new_run()
+    credit = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    assert succeed(store, run_id, credit, "reverse_credit").status == "ok"
+    mail = start(store, run_id, "send_reply", ToolClass.COMPENSATABLE_WRITE)
+    error = {"type": "RuntimeError", "message": "mail is down"}
+    queue = f"saga-test-queue:{{{run_id}}}"  # (in the run's slot, as a script's keys must be)
+    push = ChainPush(queue, f"{run_id}:{credit}:undo:a", "the first message")
+    try:
+        # A reading the run moved on from: the record stands and owns, nothing is pushed
+        stale = str(version(store, run_id) - 1)
+        moved = store.record_failure_and_push(run_id, mail, error, stale, push)
+        assert (moved.status, moved.owns_unwind, moved.pushed) == ("ok", True, False)
+        assert store.client.llen(queue) == 0
+        assert run_hash(store, run_id)["sent"] == "0"
+        picture = store.picture(run_id)
+        assert picture is not None and picture.step(mail).state is StepState.FAILED
+    finally:
+        store.client.delete(queue)
+
+    run_id = new_run()
+    credit = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    assert succeed(store, run_id, credit, "reverse_credit").status == "ok"
+    mail = start(store, run_id, "send_reply", ToolClass.COMPENSATABLE_WRITE)
+    push = ChainPush(queue, f"{run_id}:{credit}:undo:b", "the first message")
+    try:
+        # The reading's version: recorded, owned, pushed and marked sent, as one
+        read_at = str(version(store, run_id))
+        outcome = store.record_failure_and_push(run_id, mail, error, read_at, push)
+        assert (outcome.status, outcome.owns_unwind, outcome.pushed) == ("ok", True, True)
+        assert store.client.lrange(queue, 0, -1) == ["the first message"]
+        state = run_hash(store, run_id)
+        assert (state["state"], state["owner"], state["sent"]) == ("unwinding", f"step:{mail}", "1")
+        assert state["sent_chain"] == push.chain
+        # The same call again: a duplicate that owns nothing and pushes nothing
+        again = store.record_failure_and_push(run_id, mail, error, read_at, push)
+        assert (again.status, again.owns_unwind, again.pushed) == ("dup", False, False)
+        assert store.client.llen(queue) == 1
+    finally:
+        store.client.delete(queue)
+
+
+def test_a_failure_with_another_step_in_flight_pushes_nothing(
+    store: RunStore, new_run: NewRun
+) -> None:
+    """A step still in flight settles later and owns the unwind: the failure's record does
+    not push the chain it was handed, whatever the version."""
+    run_id = new_run()
+    first = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
+    second = start(store, run_id, "set_ticket_status", ToolClass.REVERSIBLE_WRITE)
+    queue = f"saga-test-queue:{{{run_id}}}"
+    push = ChainPush(queue, f"{run_id}:0:undo:a", "a chain")
+    error = {"type": "RuntimeError", "message": "down"}
+    try:
+        read_at = str(version(store, run_id))
+        outcome = store.record_failure_and_push(run_id, first, error, read_at, push)
+        assert (outcome.status, outcome.owns_unwind, outcome.pushed) == ("ok", False, False)
+        assert store.client.llen(queue) == 0
+        assert fail(store, run_id, second).owns_unwind is True
+    finally:
+        store.client.delete(queue)
+
+
 def test_an_undo_recorded_done_pushes_the_next_message_once(
     store: RunStore, new_run: NewRun
 ) -> None:
