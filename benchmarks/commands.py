@@ -38,13 +38,10 @@ _LINE = re.compile(
 
 def script_names() -> dict[str, str]:
     """sha1 -> script name, as RunStore loads them."""
-    from saga.machine import lua_tables
+    from saga.store_scripts import script_sources
 
-    folder = ROOT / "saga" / "lua"
-    prelude = lua_tables() + "\n" + (folder / "_prelude.lua").read_text()
     return {
-        hashlib.sha1((prelude + "\n" + f.read_text()).encode()).hexdigest(): f.stem
-        for f in folder.glob("*.lua")
+        hashlib.sha1(text.encode()).hexdigest(): name for name, text in script_sources().items()
     }
 
 
@@ -170,7 +167,8 @@ WHY = {
     "mark_sent": "the unwind's chain pushed (prepared as Celery's) and marked sent, as one: "
     "a redelivered owner must not resend",
     "begin_compensation": "check before run of an undo, fenced by the unwind's owner; lease",
-    "record_compensation": "the undo confirmed done: off the stack",
+    "record_compensation": "the undo confirmed done: off the stack (the last one: the run "
+    "concluded with it, as judged on the reading just before)",
     "conclude": "the run ends once (version-fenced for an unwind)",
     "mark_recorded": "the SQL record is written: now the keys may expire (and the reaper's "
     "index entry moves to after they have)",

@@ -6,6 +6,8 @@ seven): the unwind's chain prepared, pushed by its mark's script and passed on b
 recording each newer undo done, against Celery's publish with the mark apart and Celery's
 tracer passing it on. ``--cut failure`` (round eight): the unwind's chain made before the
 final failure's record and pushed by it, against the record read back and the mark apart.
+``--cut conclusion`` (round eight): the run concluded by the last undo's record, judged on the
+reading just before, against the record read back and the conclusion apart.
 One Redis of its own (``--durable``: syncing every write); each block is a prefork worker of
 its own (concurrency 2) and runs driven 8 at a time.
 
@@ -14,8 +16,8 @@ Celery's ``TraceInfo.handle_failure``, of ``Core.start_unwind`` and of the faile
 ``saga.forward._record_failure`` (the record and the unwind's start) in the pool children, of
 the pool children and of the worker's main process.
 
-    python benchmarks/failures.py [--cut traceback|chain|failure] [--durable] [--blocks 3]
-        [--runs 200]
+    python benchmarks/failures.py [--cut traceback|chain|failure|conclusion] [--durable]
+        [--blocks 3] [--runs 200]
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ CUTS = {
     "failure": {
         "with it": {"SAGA_BENCH_FAILURE_APART": "0"},
         "apart": {"SAGA_BENCH_FAILURE_APART": "1"},
+    },
+    "conclusion": {
+        "with it": {"SAGA_BENCH_CONCLUSION_APART": "0"},
+        "apart": {"SAGA_BENCH_CONCLUSION_APART": "1"},
     },
 }
 

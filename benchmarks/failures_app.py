@@ -6,8 +6,10 @@ before round six: a tool's failure raised with saga's delivery frames above it.
 ``SAGA_BENCH_CELERY_CHAIN=1`` the way before round seven: the unwind's chain sent by Celery's
 publish, then marked sent, and passed on from each undo by Celery's tracer once the undo is
 recorded. ``SAGA_BENCH_FAILURE_APART=1`` the way before round eight: the final failure recorded
-(with the run read back), then the chain pushed by the mark's script. The failed step's
-``saga.forward._record_failure`` (the failure recorded and the unwind started) is timed too.
+(with the run read back), then the chain pushed by the mark's script;
+``SAGA_BENCH_CONCLUSION_APART=1`` the last undo recorded (with the run read back), then the
+run concluded by a script of its own. The failed step's ``saga.forward._record_failure`` (the
+failure recorded and the unwind started) is timed too.
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ if os.environ.get("SAGA_BENCH_CELERY_CHAIN") == "1":
     saga_compensation._prepared_rest = lambda core, task: None  # type: ignore[assignment]
 if os.environ.get("SAGA_BENCH_FAILURE_APART") == "1":
     saga_forward._fail_and_push = lambda core, run_id, step, error: None  # type: ignore[assignment]
+if os.environ.get("SAGA_BENCH_CONCLUSION_APART") == "1":
+
+    def _recorded_apart(
+        core: Any, task: Any, run_id: str, step: int, claim: str
+    ) -> tuple[bool, Any]:
+        recorded = saga_compensation._recorded_last(core, task, run_id, step, "done", None, claim)
+        return False, recorded
+
+    saga_compensation._recorded_done_last = _recorded_apart  # type: ignore[assignment]
 
 
 def _timed(key: str, function: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,7 +12,7 @@ from celery import Celery, Task
 from celery.canvas import Signature, signature
 from celery.exceptions import Ignore
 
-from saga import metrics, payload
+from saga import metrics, payload, rules
 from saga.celery_amqp import broker_countdown
 from saga.constants import CONCLUDE_UNWIND_TASK
 from saga.core import Core
@@ -28,7 +28,7 @@ from saga.delivery import (
 from saga.errors import StepInDoubtError
 from saga.model import StepContext
 from saga.picture import RunPicture
-from saga.stack import Outcome
+from saga.stack import Conclusion, Outcome
 from saga.tools import Tool
 
 # The workers' logger, whichever of their modules logs: operators and tests match its name.
@@ -108,9 +108,10 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
         else:  # recorded before (a repeat whose first reply was lost): passed on apart
             _pass_on(core, task)
         return {"compensated": step}
-    last = _recorded_last(core, task, run_id, step, "done", None, claim)
+    concluded, last = _recorded_done_last(core, task, run_id, step, claim)
     metrics.compensation(tool.name, "done")
-    _conclude_here(core, task, run_id, last)
+    if not concluded:
+        _conclude_here(core, task, run_id, last)
     _pass_on(core, task)
     return {"compensated": step}
 
@@ -187,6 +188,40 @@ def _recorded_last(
     what = f"run {run_id} undo {step}: {outcome}"
     record = core.store.record_last_compensation
     return patiently(core, what, record, run_id, step, outcome, error, claim)[1]
+
+
+def _recorded_done_last(
+    core: Core, task: Task, run_id: str, step: int, claim: str
+) -> tuple[bool, RunPicture | None]:
+    """``_recorded_last`` of an undo done and, when all that is left of the chain is its
+    conclusion, that conclusion made by the same script: one wait for the disk where the
+    record and the conclusion apart make two. The verdict is judged on the run as read just
+    before (a read waits for no disk) and as the record will leave it
+    (``rules.conclusion_once_done``), and the script concludes only if the record leaves the
+    run at that reading's version. True (concluded here) and the ended run as read with it,
+    its record written after; else False and what ``_recorded_last`` gives, for
+    ``_conclude_here`` to conclude the usual way."""
+    conclusion = _conclusion_left(task, run_id)
+    if conclusion is None:
+        return False, _recorded_last(core, task, run_id, step, "done", None, claim)
+    owner = str(conclusion.get("owner") or "")
+    what = f"run {run_id} undo {step}: done"
+    before = patiently(core, f"run {run_id} undo {step}: the run", core.store.picture, run_id)
+    verdict = None if before is None else rules.conclusion_once_done(before, step)
+    judged = None
+    if before is not None and verdict is not None and owner and before.version.isdigit():
+        judged = Conclusion(*verdict, owner, str(int(before.version) + 1))
+    record = core.store.record_last_compensation
+    outcome, picture = patiently(core, what, record, run_id, step, "done", None, claim, judged)
+    if judged is None or outcome.status != "ok" or outcome.values[:1] != ("ok",) or not picture:
+        return False, picture
+    try:
+        core.concluded(picture, conclusion.get("sent_at"))
+    except Exception as exc:  # concluded: the conclusion's message records it, as it retries
+        logger.warning("run %s: recording its conclusion failed (%r): sent", run_id, exc)
+        return True, picture
+    task.request.chain = None  # concluded: Celery's tracer has nothing left to send
+    return True, picture
 
 
 def _conclusion_left(task: Task, run_id: str) -> dict[str, Any] | None:

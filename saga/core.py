@@ -38,7 +38,7 @@ from saga.errors import (
 )
 from saga.fault_points import FaultPoints, faults_enabled
 from saga.hooks import RunListeners, SagaHooks
-from saga.model import CompensationState, RunState
+from saga.model import RunState
 from saga.picture import RunPicture
 from saga.prepared_publish import PreparedPublisher
 from saga.records import EscalationRecord, RecordStore
@@ -298,8 +298,6 @@ class Core(Dispatcher):
             logger.info("run %s: a stale unwind (%s) does not conclude", run_id, owner)
         if outcome.status != "ok":
             return self.picture(run_id).state
-        if sent_at is not None:
-            metrics.unwind_ended(state.value, self.store.now() - sent_at)
         version, ended, reason, cause = (str(v) for v in outcome.values[:4])
         concluded = replace(
             picture,
@@ -312,28 +310,29 @@ class Core(Dispatcher):
             recorded=False,
             resolution=None,  # a resolution holds only at the version it was made at
         )
+        return self.concluded(concluded, sent_at)
+
+    def concluded(self, picture: RunPicture, sent_at: float | None = None) -> RunState:
+        """What follows the end a script made (``picture``: the run as it ended): the unwind
+        timed, a run kept on purpose resolved, its SQL record written."""
+        if sent_at is not None:
+            metrics.unwind_ended(picture.state.value, self.store.now() - sent_at)
         if self.faults is not None:
             self.faults.strike("after_conclusion", "")
-        if reason == rules.REASON_KEPT:
+        if picture.reason == rules.REASON_KEPT:
             # Kept on purpose: the escalation is the books' line, resolved by who kept it.
-            self._resolve_as_kept(concluded)
-            self._record_or_leave_to_reaper(run_id)
-            return state
-        self._record_or_leave_to_reaper(run_id, concluded)
-        return state
+            self._resolve_as_kept(picture)
+            self._record_or_leave_to_reaper(picture.run_id)
+            return picture.state
+        self._record_or_leave_to_reaper(picture.run_id, picture)
+        return picture.state
 
     def _resolve_as_kept(self, picture: RunPicture) -> None:
         """Resolve the escalation of a run whose undos a person chose to keep, with their
         decisions as the resolution (who, and each kept step's note)."""
-        kept = [c for c in picture.compensations if c.state is CompensationState.KEPT]
-        deciders = sorted({str((c.decisions or [{}])[-1].get("by") or "") for c in kept} - {""})
-        note = "; ".join(f"step {c.step} kept: {rules.kept_because(picture, c.step)}" for c in kept)
         generation = picture.generation
-        resolution = {
-            "by": ", ".join(deciders) or "a person",
-            "note": note,
-            "escalation_id": escalation_id(picture.run_id, generation),
-        }
+        resolution = rules.kept_resolution(picture)
+        resolution["escalation_id"] = escalation_id(picture.run_id, generation)
         self.store.resolve(picture.run_id, generation, json.dumps(resolution, ensure_ascii=False))
 
     def record_end(

@@ -7,7 +7,7 @@ No broker, no Redis: these are the rules the seed states, testable on their own.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from saga.errors import CallRefusedError, RunEndedError, SagaError, ToolDefinitionError
@@ -128,6 +128,32 @@ def conclusion(picture: RunPicture) -> tuple[RunState, str]:
     return RunState.COMPENSATED, picture.cause
 
 
+def conclusion_once_done(picture: RunPicture, step: int) -> tuple[RunState, str] | None:
+    """How an unwinding run ends once the running undo of ``step`` is recorded done, judged
+    on the reading just before that record (``conclusion`` of the run as the record leaves
+    it: the undo done, its entry off the stack); None where the reading cannot tell (the undo
+    not running, or its entry not the one on the stack)."""
+    undo = next((c for c in picture.compensations if c.step == step), None)
+    on_stack = [e for e in picture.stack if int(e["step"]) == step]
+    if (
+        picture.state is not RunState.UNWINDING
+        or undo is None
+        or undo.state is not CompensationState.RUNNING
+        or on_stack != [undo.entry]
+    ):
+        return None
+    done = replace(
+        picture,
+        compensations=[
+            replace(c, state=CompensationState.DONE) if c.step == step else c
+            for c in picture.compensations
+        ],
+        stack=[e for e in picture.stack if int(e["step"]) != step],
+    )
+    state, reason = conclusion(done)
+    return state, reason or picture.reason
+
+
 def not_undone(picture: RunPicture) -> list[dict[str, Any]]:
     """Effects still live in the world after the run ended, each with why."""
     undos = {c.step: c.state for c in picture.compensations}
@@ -168,6 +194,15 @@ def kept_because(picture: RunPicture, step: int) -> str:
     undo = next((c for c in picture.compensations if c.step == step), None)
     decided = undo.decisions[-1] if undo is not None and undo.decisions else {}
     return f"{decided.get('by') or 'a person'}: {decided.get('note') or 'no note'}"
+
+
+def kept_resolution(picture: RunPicture) -> dict[str, str]:
+    """The resolution of a run whose undos a person chose to keep: who decided, and each kept
+    step's note."""
+    kept = [c for c in picture.compensations if c.state is CompensationState.KEPT]
+    deciders = sorted({str((c.decisions or [{}])[-1].get("by") or "") for c in kept} - {""})
+    note = "; ".join(f"step {c.step} kept: {kept_because(picture, c.step)}" for c in kept)
+    return {"by": ", ".join(deciders) or "a person", "note": note}
 
 
 def failure_mode(tool: Tool, overrides: Mapping[str, OnFailure]) -> OnFailure:

@@ -41,7 +41,7 @@ from saga.store_scripts import script_missing as script_missing
 from saga.store_scripts import script_sources as script_sources
 from saga.store_scripts import still_missing as still_missing
 from saga.store_transitions import REVOKE_KILLED as REVOKE_KILLED
-from saga.store_transitions import ChainPush, RunTransitions, StepPush
+from saga.store_transitions import ChainPush, Conclusion, RunTransitions, StepPush
 from saga.turn_scripts import TurnScripts
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "RunView",
     "StepPush",
     "ChainPush",
+    "Conclusion",
     "StepRecord",
 ]
 

@@ -79,6 +79,13 @@ _SCRIPTS = (
     "decide_reversal",
 )
 
+#: The parts a script shares with some others only, after the prelude: the run's conclusion,
+#: which the last undo's record makes too when it was judged beforehand.
+_SHARED_PARTS = {
+    "conclude": ("_conclude_run",),
+    "record_compensation": ("_conclude_run",),
+}
+
 #: Answers of the scripts that mean "this transition is not in the table" (saga/machine.py).
 ILLEGAL = "illegal"
 
@@ -147,7 +154,14 @@ def script_sources() -> dict[str, str]:
     the store and the asyncio client (``saga.aio``) register, so they run the same SHA."""
     folder = resources.files("saga") / "lua"
     prelude = lua_tables() + "\n" + (folder / "_prelude.lua").read_text()
-    return {name: prelude + "\n" + (folder / f"{name}.lua").read_text() for name in _SCRIPTS}
+    return {
+        name: "\n".join(
+            [prelude]
+            + [(folder / f"{part}.lua").read_text() for part in _SHARED_PARTS.get(name, ())]
+            + [(folder / f"{name}.lua").read_text()]
+        )
+        for name in _SCRIPTS
+    }
 
 
 def _load_scripts(client: redis.Redis) -> dict[str, Script]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from saga import payload
 from saga.constants import LOOK_AFTER_EXPIRY, ended_key, settled_key
@@ -44,6 +44,16 @@ class ChainPush:
     queue: str
     chain: str
     message: str
+
+
+class Conclusion(NamedTuple):
+    """A run's end judged beforehand, for the script that records its last undo to make
+    (``RunTransitions.record_last_compensation``): only on the run at ``version``."""
+
+    state: RunState
+    reason: str
+    owner: str
+    version: str
 
 
 class RunTransitions(StoreCore):
@@ -267,12 +277,25 @@ class RunTransitions(StoreCore):
         return self._call("record_compensation", run_id, *args, push[1], extra=push[0])
 
     def record_last_compensation(
-        self, run_id: str, step: int, outcome: str, error: dict[str, Any] | None, claim: str
+        self,
+        run_id: str,
+        step: int,
+        outcome: str,
+        error: dict[str, Any] | None,
+        claim: str,
+        conclusion: Conclusion | None = None,
     ) -> tuple[Outcome, RunPicture | None]:
         """``record_compensation`` of the unwind's last undo (``done`` or ``fail``), and the
         run read back in the same transaction: the picture its conclusion is judged on
-        (``Core.conclude``), without a round trip of its own."""
-        args = (step, outcome, _error_json(error), claim, "")
+        (``Core.conclude``), without a round trip of its own. ``conclusion``: judged
+        beforehand for the undo recorded done, made by the same script if the record leaves
+        the run at its version; the outcome's values then hold what the conclusion answered
+        (``ok`` and what it wrote, or why it did not conclude) and the picture is the ended
+        run's."""
+        args: tuple[Any, ...] = (step, outcome, _error_json(error), claim, "")
+        if conclusion is not None:
+            state, reason, owner, version = conclusion
+            args += ("", state.value, reason, owner, version)
         return self._call_and_read("record_compensation", run_id, args)
 
     def conclude(

@@ -1,8 +1,12 @@
 -- ARGV: step, outcome ('done' | 'fail' | 'retry' | 'revoke'), error_json, claim, owner
 -- (for 'revoke', claim 'killed' says the execution died with SIGKILL: its lease ends now),
--- and, when the unwind's next message was prepared (saga/prepared_publish.py), that message,
--- pushed to the queue KEYS[7] (the broker is this Redis) if this records the undo done: the
--- chain is passed on exactly when the undo is recorded.
+-- and, when the unwind's next message was prepared (saga/prepared_publish.py), that message
+-- ('' for none), pushed to the queue KEYS[7] (the broker is this Redis) if this records the undo
+-- done: the chain is passed on exactly when the undo is recorded. And, for the unwind's last
+-- undo, a conclusion judged beforehand (saga/compensation.py): outcome, reason, owner and the
+-- version of the run it was judged on as this record would leave it. If this records the
+-- undo done on that version, its entry taken off the stack, the run is concluded by this same
+-- script (_conclude_run.lua): {'ok', what the conclusion answered...}.
 -- The stack entry goes only once its compensation is confirmed done. 'done' is the truth and
 -- is taken from whoever ran it; 'fail' and 'retry' only from the execution holding the claim;
 -- 'revoke' only for the current owner's unwind (a stale revoke changes nothing).
@@ -42,10 +46,11 @@ if (outcome == 'fail' or outcome == 'retry') and cs == 'running'
   return {'stale'}
 end
 if outcome == 'revoke' and redis.call('HGET', RUN, 'owner') ~= ARGV[5] then return {'stale'} end
+local removed = 0
 if to == 'done' then
-  redis.call('LREM', STACK, 1, redis.call('HGET', COMPS, n .. ':entry'))
+  removed = redis.call('LREM', STACK, 1, redis.call('HGET', COMPS, n .. ':entry'))
   redis.call('HSET', COMPS, n .. ':state', to, n .. ':at', NOW_S, n .. ':claim', '')
-  if ARGV[6] then redis.call('LPUSH', KEYS[7], ARGV[6]) end
+  if ARGV[6] and ARGV[6] ~= '' then redis.call('LPUSH', KEYS[7], ARGV[6]) end
 elseif to == 'failed' and outcome == 'revoke' and cs == 'running' and ARGV[4] ~= 'killed' then
   -- Revoked while running: the execution may still be undoing (a revoke does not stop a
   -- running task; a terminate takes a moment). Its claim stays, so its lease keeps a requeued
@@ -64,4 +69,8 @@ else  -- retry: the claim is released for the next attempt; who retried is kept 
   keep_error(ARGV[3])
 end
 bump()
+-- (Judged with the undo's entry off the stack: only if it was there to take off.)
+if to == 'done' and ARGV[10] and removed == 1 then
+  return {'ok', unpack(conclude_run(ARGV[7], ARGV[8], ARGV[9], ARGV[10]))}
+end
 return {'ok'}

@@ -611,8 +611,8 @@ def test_the_final_failure_pushes_its_unwind_with_its_record(private: Saga) -> N
 
 def test_a_worker_pushes_an_unwind_with_its_scripts(saga: Saga) -> None:
     """On the session's worker, a failing run's unwind is pushed by the scripts: its first
-    message by the mark, the next undo's by the script recording the newer one done; Celery
-    publishes none of them."""
+    message by the failure's record, the next undo's by the script recording the newer one
+    done; Celery publishes none of them. The last undo's record concludes the run."""
     from benchmarks.commands import Monitor
     from tasks import systems
 
@@ -631,12 +631,27 @@ def test_a_worker_pushes_an_unwind_with_its_scripts(saga: Saga) -> None:
     assert len(pushes) == 2, pushes
     assert all(re.search(r"\[\d+ lua\] ", line) for line in pushes), pushes
     # The first by the script that recorded the mail step's failure, no mark after it
-    first = lines.index(pushes[0])
-    script = lines[first - 1 :: -1]
-    script = script[: next(i for i, line in enumerate(script) if " lua] " not in line) + 1]
+    script = _script_around(lines, lines.index(pushes[0]))
     assert any('"failed"' in line and '"HSET"' in line for line in script), script
     marks = [line for line in lines if '"sent_chain"' in line and run.run_id in line]
     assert len(marks) == 1, marks
+    # The run concluded by the script that recorded its last undo done
+    (ended,) = [
+        i
+        for i, line in enumerate(lines)
+        if '"HSET"' in line and '"state" "compensated"' in line and run.run_id in line
+    ]
+    script = _script_around(lines, ended)
+    assert any('"done"' in line and ":state" in line for line in script), script
+
+
+def _script_around(lines: list[str], at: int) -> list[str]:
+    """The lines of the script call whose command ``lines[at]`` is (MONITOR's ``lua`` lines
+    after its ``EVALSHA``), up to that line."""
+    start = at
+    while start > 0 and " lua] " in lines[start]:
+        start -= 1
+    return lines[start : at + 1]
 
 
 @pytest.mark.parametrize(

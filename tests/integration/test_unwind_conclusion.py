@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,18 +84,20 @@ def test_a_last_undo_that_fails_for_good_concludes_escalated_without_another_mes
 def test_a_conclusion_that_cannot_be_made_after_the_last_undo_is_sent_as_before(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given an aborted run, and the stack's Redis away for the conclusion after the last undo
+    # Given an aborted run, and the stack's Redis away for what follows the last undo's record
+    # (the conclusion made and recorded with it, or apart where it could not be judged first)
     run_id, _, _ = aborted_with_two_credits(h)
-    real = h.saga.core.conclude
-    refusals = []
+    core, refusals = h.saga.core, []
+    for name in ("conclude", "concluded"):
+        real = getattr(core, name)
 
-    def away_once(*args: object, **kwargs: object) -> RunState:
-        if not refusals:
-            refusals.append(args)
-            raise StoreUnavailableError("saga store unreachable (conclude): injected")
-        return real(*args, **kwargs)  # type: ignore[arg-type]
+        def away_once(*args: object, real: Any = real, **kwargs: object) -> RunState:
+            if not refusals:
+                refusals.append(args)
+                raise StoreUnavailableError("saga store unreachable (conclude): injected")
+            return real(*args, **kwargs)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(h.saga.core, "conclude", away_once)
+        monkeypatch.setattr(core, name, away_once)
     # When the two reversals are delivered
     delivered = deliver_all(h)
     # Then the conclusion went as a message of its own, which concluded the run
@@ -103,27 +106,29 @@ def test_a_conclusion_that_cannot_be_made_after_the_last_undo_is_sent_as_before(
     assert picture.state is RunState.COMPENSATED and picture.recorded
 
 
-def test_a_last_undo_redelivered_after_a_death_before_concluding_concludes_once(
+def test_a_last_undo_redelivered_after_a_death_before_its_record_concludes_once(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given an aborted run whose last reversal's worker dies right after recording the undo
-    # done, before concluding (nothing acked: the message comes back)
+    # done (and the conclusion with it), before the run's SQL record: nothing acked, the
+    # message comes back
     run_id, first, second = aborted_with_two_credits(h)
     h.deliver(h.take(REVERSE, compensates=second))
     last = h.take(REVERSE, compensates=first)
-    real = h.saga.core.conclude
+    core = h.saga.core
 
     def dies(*args: object, **kwargs: object) -> RunState:
         raise SystemExit("worker killed")
 
-    monkeypatch.setattr(h.saga.core, "conclude", dies)
-    with pytest.raises(SystemExit):
-        h.deliver(last)
-    assert h.saga.picture(run_id).state is RunState.UNWINDING
+    with monkeypatch.context() as patched:
+        patched.setattr(core, "conclude", dies)
+        patched.setattr(core, "concluded", dies)
+        with pytest.raises(SystemExit):
+            h.deliver(last)
+    assert not h.saga.picture(run_id).recorded
     # When the message is delivered again
-    monkeypatch.setattr(h.saga.core, "conclude", real)
     h.deliver(last)
-    # Then the redelivery replays the undo (not applied twice) and concludes the run
+    # Then the redelivery replays the undo (not applied twice) and records the run's end
     assert h.queue == []
     picture = h.saga.picture(run_id)
     assert picture.state is RunState.COMPENSATED and picture.recorded
@@ -165,44 +170,70 @@ def test_a_final_failure_starts_its_unwind_from_the_reading_taken_with_it(
     assert h.world.reversals == [f"{run_id}:{credit}:undo"]
 
 
-def test_the_last_undo_concludes_on_the_reading_taken_with_its_outcome(
+def test_the_last_undos_record_concludes_the_run_judged_on_the_reading_just_before(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given an aborted run whose newest reversal has run
     run_id, first, second = aborted_with_two_credits(h)
     h.deliver(h.take(REVERSE, compensates=second))
+    conclusions = counting_conclusions(h, monkeypatch)
     # When the last one runs
     readings = counting_readings(h, monkeypatch)
     h.deliver(h.take(REVERSE, compensates=first))
-    # Then it concluded and recorded the run on the reading made with its own outcome
-    assert readings == []
-    picture = h.saga.picture(run_id)
-    assert picture.state is RunState.COMPENSATED and picture.recorded
-
-
-def test_a_run_that_moved_after_the_last_undo_was_recorded_is_read_again_to_conclude(
-    h: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Given an aborted run whose last undo's reading goes stale at once (another transition
-    # of the run lands between the undo's transaction and the conclusion)
-    run_id, first, second = aborted_with_two_credits(h)
-    h.deliver(h.take(REVERSE, compensates=second))
-    store = h.saga.store
-    real = store.record_last_compensation
-
-    def then_moved(*args: object, **kwargs: object) -> object:
-        answered = real(*args, **kwargs)  # type: ignore[arg-type]
-        store.client.hincrby(run_keys(run_id)[0], "version", 1)
-        return answered
-
-    monkeypatch.setattr(store, "record_last_compensation", then_moved)
-    readings = counting_readings(h, monkeypatch)
-    # When the last undo runs
-    h.deliver(h.take(REVERSE, compensates=first))
-    # Then the conclusion on the stale reading was refused by its version fence, and the run
-    # read again and concluded, its record of the version it ended at
-    assert readings == [run_id]
+    # Then the run was read once, before the undo's record, and the script that recorded the
+    # undo done concluded it (no conclusion of its own), and the run's end is recorded
+    assert readings == [run_id] and conclusions == []
     picture = h.saga.picture(run_id)
     assert picture.state is RunState.COMPENSATED and picture.recorded
     record = h.saga.records.run(run_id)
     assert record is not None and str(record.version) == picture.version
+
+
+def test_a_run_that_moved_after_the_reading_is_concluded_on_the_reading_with_the_record(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an aborted run whose last undo's reading goes stale at once (another transition
+    # of the run lands between that reading and the undo's record)
+    run_id, first, second = aborted_with_two_credits(h)
+    h.deliver(h.take(REVERSE, compensates=second))
+    store = h.saga.store
+    real, moved = store.picture, []
+
+    def then_moved(read_id: str) -> object:
+        picture = real(read_id)
+        if not moved:
+            moved.append(read_id)
+            store.client.hincrby(run_keys(run_id)[0], "version", 1)
+        return picture
+
+    monkeypatch.setattr(store, "picture", then_moved)
+    record, answers = store.record_last_compensation, []
+
+    def answered(*args: Any, **kwargs: Any) -> Any:
+        outcome, picture = record(*args, **kwargs)
+        answers.append(outcome.values)
+        return outcome, picture
+
+    monkeypatch.setattr(store, "record_last_compensation", answered)
+    conclusions = counting_conclusions(h, monkeypatch)
+    # When the last undo runs
+    h.deliver(h.take(REVERSE, compensates=first))
+    # Then the record's conclusion was refused by its version fence, and the run concluded
+    # the usual way, on the reading taken with the record, its record of the version it ended at
+    assert moved == [run_id] and answers == [("moved",)] and conclusions == [run_id]
+    picture = h.saga.picture(run_id)
+    assert picture.state is RunState.COMPENSATED and picture.recorded
+    record = h.saga.records.run(run_id)
+    assert record is not None and str(record.version) == picture.version
+
+
+def counting_conclusions(h: Harness, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every conclusion script called on its own (``RunStore.conclude``), by run id."""
+    real, called = h.saga.store.conclude, []
+
+    def counted(run_id: str, *args: Any, **kwargs: Any) -> Any:
+        called.append(run_id)
+        return real(run_id, *args, **kwargs)
+
+    monkeypatch.setattr(h.saga.store, "conclude", counted)
+    return called

@@ -6,6 +6,7 @@ Everything here is built by hand: no Redis, no broker.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from saga.rules import (
     REASON_COMPENSATION_NOT_BUILT,
     check_call,
     conclusion,
+    conclusion_once_done,
     gate_for,
     not_undone,
     unwind_order,
@@ -322,6 +324,50 @@ def test_conclusion_when_everything_was_undone_is_compensated() -> None:
     )
 
     assert conclusion(run) == (RunState.COMPENSATED, "")
+
+
+def _last_undo_running(older: CompensationState) -> RunPicture:
+    """Two undos: step 3's running (its entry still on the stack), step 2's in ``older``."""
+    return picture(
+        [
+            step(2, "issue_credit", ToolClass.COMPENSATABLE_WRITE),
+            step(3, "set_ticket_status", ToolClass.REVERSIBLE_WRITE),
+            step(4, "send_reply", ToolClass.IRREVERSIBLE_WRITE, StepState.FAILED),
+        ],
+        stack=[entry(3, "set_ticket_status")]
+        + ([entry(2, "reverse_credit")] if older is CompensationState.FAILED else []),
+        compensations=[
+            compensation(2, "reverse_credit", older),
+            compensation(3, "set_ticket_status", CompensationState.RUNNING),
+        ],
+    )
+
+
+def test_the_conclusion_once_the_last_undo_is_done_is_judged_on_the_reading_before() -> None:
+    """The verdict of the run as the undo's record leaves it: that undo done, its entry off
+    the stack; the run's reason where the verdict gives none."""
+    assert conclusion_once_done(_last_undo_running(CompensationState.DONE), 3) == (
+        RunState.COMPENSATED,
+        "step 9 failed",
+    )
+    assert conclusion_once_done(_last_undo_running(CompensationState.FAILED), 3) == (
+        RunState.ESCALATED,
+        REASON_COMPENSATION_FAILED,
+    )
+
+
+def test_the_conclusion_once_done_is_not_judged_where_the_reading_cannot_tell() -> None:
+    """An undo not running (a repeat, or not begun), or whose entry is not the one on the
+    stack, leaves the conclusion to the reading after the record."""
+    run = _last_undo_running(CompensationState.DONE)
+    assert conclusion_once_done(run, 2) is None
+    assert conclusion_once_done(run, 7) is None
+    other = dataclasses.replace(run, stack=[{**entry(3, "set_ticket_status"), "args": {}}])
+    assert conclusion_once_done(other, 3) is None
+    twice = dataclasses.replace(run, stack=run.stack * 2)
+    assert conclusion_once_done(twice, 3) is None
+    ended = dataclasses.replace(run, state=RunState.COMPENSATED)
+    assert conclusion_once_done(ended, 3) is None
 
 
 def test_conclusion_of_a_run_with_nothing_to_undo_is_compensated() -> None:
