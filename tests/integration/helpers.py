@@ -6,7 +6,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from saga import Run, RunPicture, StepFailedError
+from saga.constants import run_keys
+from saga.stack import RunStore
 
 ORDER, TICKET, EMAIL = 4921, 9104, "ada@example.com"
 CREDIT = 250_000
@@ -48,3 +52,19 @@ def compensated_steps(picture: RunPicture) -> list[int]:
     """Steps whose compensation is confirmed done, in the order they were confirmed."""
     done = [c for c in picture.compensations if c.state.value == "done"]
     return [c.step for c in sorted(done, key=lambda c: c.settled_at or 0.0)]
+
+
+def moved_after_reading(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The run moves on just after its next whole reading (``RunStore.picture``): its version
+    bumped, as another process's transition landing right then would. The run ids so read."""
+    real, moved = store.picture, []
+
+    def then_moved(run_id: str) -> RunPicture | None:
+        picture = real(run_id)
+        if not moved:
+            moved.append(run_id)
+            store.client.hincrby(run_keys(run_id)[0], "version", 1)
+        return picture
+
+    monkeypatch.setattr(store, "picture", then_moved)
+    return moved

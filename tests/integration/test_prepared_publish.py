@@ -34,7 +34,7 @@ from saga.prepared_publish import PreparedPublisher
 from saga.stack import ReplicaConfirmation
 from saga.unwind import send_chain
 from tests.conftest import MACHINE_REDIS, TEST_DB, TEST_STORE, redis_url_with_db
-from tests.integration.helpers import CREDIT, ORDER, demo_steps
+from tests.integration.helpers import CREDIT, ORDER, demo_steps, moved_after_reading
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -547,7 +547,9 @@ def test_the_unwind_is_pushed_with_its_mark_only_by_its_owner(private: Saga) -> 
     assert [s["task"] for s in body[2]["chain"]] == [CONCLUDE_UNWIND_TASK]
 
 
-def test_the_final_failure_pushes_its_unwind_with_its_record(private: Saga) -> None:
+def test_the_final_failure_pushes_its_unwind_with_its_record(
+    private: Saga, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A step's final failure, where the unwind's message is prepared, is recorded, its chain
     pushed and marked sent by one script, with no mark of its own; a run that moved on
     between the reading the chain was made from and the record is unwound the usual way,
@@ -558,7 +560,7 @@ def test_the_final_failure_pushes_its_unwind_with_its_record(private: Saga) -> N
     store, core = private.store, private.core
     error = {"type": "RuntimeError", "message": "mail is down"}
     marks: list[tuple[Any, ...]] = []
-    mark_sent, picture = store.mark_sent, store.picture
+    mark_sent = store.mark_sent
 
     def counted(*args: Any) -> bool:
         marks.append(args)
@@ -581,32 +583,20 @@ def test_the_final_failure_pushes_its_unwind_with_its_record(private: Saga) -> N
         assert body[1] == {"run_id": run_id, "compensates": credit, "unwind": f"step:{mail}"}
         assert [s["task"] for s in body[2]["chain"]] == [CONCLUDE_UNWIND_TASK]
 
-    store.mark_sent = counted  # type: ignore[method-assign]
-    try:
-        run_id, credit, mail = failing_run()
-        _record_failure(core, run_id, mail, error, "fail")
-        unwound(run_id, credit, mail)
-        assert marks == []
+    monkeypatch.setattr(store, "mark_sent", counted)
+    run_id, credit, mail = failing_run()
+    _record_failure(core, run_id, mail, error, "fail")
+    unwound(run_id, credit, mail)
+    assert marks == []
 
-        # Another writer moves the run on just after it was read: the record pushes nothing,
-        # and the owner it made sends the chain with a mark of its own
-        run_id, credit, mail = failing_run()
-        moved: list[str] = []
-
-        def read_then_moved(run_id: str) -> Any:
-            read = picture(run_id)
-            if not moved:
-                moved.append(run_id)
-                store.client.hincrby(run_keys(run_id)[0], "version", 1)
-            return read
-
-        store.picture = read_then_moved  # type: ignore[method-assign]
-        _record_failure(core, run_id, mail, error, "fail")
-        assert moved == [run_id]
-        unwound(run_id, credit, mail)
-        assert [m[:2] for m in marks] == [(run_id, f"step:{mail}")]
-    finally:
-        store.mark_sent, store.picture = mark_sent, picture  # type: ignore[method-assign]
+    # Another writer moves the run on just after it was read: the record pushes nothing,
+    # and the owner it made sends the chain with a mark of its own
+    run_id, credit, mail = failing_run()
+    moved = moved_after_reading(store, monkeypatch)
+    _record_failure(core, run_id, mail, error, "fail")
+    assert moved == [run_id]
+    unwound(run_id, credit, mail)
+    assert [m[:2] for m in marks] == [(run_id, f"step:{mail}")]
 
 
 def test_a_worker_pushes_an_unwind_with_its_scripts(saga: Saga) -> None:

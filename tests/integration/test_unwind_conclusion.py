@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from saga import RunState
-from saga.constants import CONCLUDE_UNWIND_TASK, run_keys
+from saga.constants import CONCLUDE_UNWIND_TASK
 from saga.errors import StoreUnavailableError
 from tests.integration.engine_harness import Harness, harness
+from tests.integration.helpers import moved_after_reading
 
 REVERSE = "tools.reverse_credit"
 
@@ -197,16 +198,7 @@ def test_a_run_that_moved_after_the_reading_is_concluded_on_the_reading_with_the
     run_id, first, second = aborted_with_two_credits(h)
     h.deliver(h.take(REVERSE, compensates=second))
     store = h.saga.store
-    real, moved = store.picture, []
-
-    def then_moved(read_id: str) -> object:
-        picture = real(read_id)
-        if not moved:
-            moved.append(read_id)
-            store.client.hincrby(run_keys(run_id)[0], "version", 1)
-        return picture
-
-    monkeypatch.setattr(store, "picture", then_moved)
+    moved = moved_after_reading(store, monkeypatch)
     record, answers = store.record_last_compensation, []
 
     def answered(*args: Any, **kwargs: Any) -> Any:
