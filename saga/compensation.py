@@ -6,6 +6,7 @@ ends (done, replayed, or failed for good).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from celery import Celery, Task
@@ -196,32 +197,37 @@ def _recorded_done_last(
     """``_recorded_last`` of an undo done and, when all that is left of the chain is its
     conclusion, that conclusion made by the same script: one wait for the disk where the
     record and the conclusion apart make two. The verdict is judged on the run as read just
-    before (a read waits for no disk) and as the record will leave it
-    (``rules.conclusion_once_done``), and the script concludes only if the record leaves the
-    run at that reading's version. True (concluded here) and the ended run as read with it,
-    its record written after; else False and what ``_recorded_last`` gives, for
-    ``_conclude_here`` to conclude the usual way."""
-    conclusion = _conclusion_left(task, run_id)
-    if conclusion is None:
+    before (a read waits for no disk), as the record will leave it (``rules.once_undone``);
+    the script concludes only if the record leaves the run at that reading's version, and
+    the ended run, known from that reading and what the script wrote, is recorded in SQL.
+    True once concluded here; else False and the picture ``_conclude_here`` concludes on
+    (None: read it again)."""
+    left = _conclusion_left(task, run_id)
+    if left is None:
         return False, _recorded_last(core, task, run_id, step, "done", None, claim)
-    owner = str(conclusion.get("owner") or "")
-    what = f"run {run_id} undo {step}: done"
+    owner = str(left.get("owner") or "")
     before = patiently(core, f"run {run_id} undo {step}: the run", core.store.picture, run_id)
-    verdict = None if before is None else rules.conclusion_once_done(before, step)
-    judged = None
-    if before is not None and verdict is not None and owner and before.version.isdigit():
-        judged = Conclusion(*verdict, owner, str(int(before.version) + 1))
-    record = core.store.record_last_compensation
-    outcome, picture = patiently(core, what, record, run_id, step, "done", None, claim, judged)
-    if judged is None or outcome.status != "ok" or outcome.values[:1] != ("ok",) or not picture:
-        return False, picture
+    undone = None if before is None else rules.once_undone(before, step)
+    if undone is None or not owner or not undone.version.isdigit():
+        return False, _recorded_last(core, task, run_id, step, "done", None, claim)
+    state, reason = rules.conclusion(undone)
+    judged = Conclusion(state, reason or undone.reason, owner, str(int(undone.version) + 1))
+    record = core.store.record_done_and_conclude
+    what = f"run {run_id} undo {step}: done"
+    outcome = patiently(core, what, record, run_id, step, claim, judged)
+    if outcome.status != "ok" or outcome.values[:1] != ("ok",):
+        return False, None  # recorded (or a repeat): concluded the usual way, read again
+    answer = outcome.values[1:]
+    at = float(answer[1])  # the record's time: the same script's clock as the end's
+    settled = [replace(c, settled_at=at) if c.step == step else c for c in undone.compensations]
+    ended = replace(undone, compensations=settled).concluded(state, answer)
     try:
-        core.concluded(picture, conclusion.get("sent_at"))
+        core.concluded(ended, left.get("sent_at"))
     except Exception as exc:  # concluded: the conclusion's message records it, as it retries
         logger.warning("run %s: recording its conclusion failed (%r): sent", run_id, exc)
-        return True, picture
+        return True, None
     task.request.chain = None  # concluded: Celery's tracer has nothing left to send
-    return True, picture
+    return True, ended
 
 
 def _conclusion_left(task: Task, run_id: str) -> dict[str, Any] | None:

@@ -298,19 +298,7 @@ class Core(Dispatcher):
             logger.info("run %s: a stale unwind (%s) does not conclude", run_id, owner)
         if outcome.status != "ok":
             return self.picture(run_id).state
-        version, ended, reason, cause = (str(v) for v in outcome.values[:4])
-        concluded = replace(
-            picture,
-            state=state,
-            reason=reason,
-            cause=cause,
-            ended=float(ended),
-            updated=float(ended),
-            version=version,
-            recorded=False,
-            resolution=None,  # a resolution holds only at the version it was made at
-        )
-        return self.concluded(concluded, sent_at)
+        return self.concluded(picture.concluded(state, outcome.values), sent_at)
 
     def concluded(self, picture: RunPicture, sent_at: float | None = None) -> RunState:
         """What follows the end a script made (``picture``: the run as it ended): the unwind

@@ -7,7 +7,8 @@ the same snapshot, taken at one version of the run.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from saga import payload
@@ -136,6 +137,23 @@ class RunPicture:
     def generation(self) -> int:
         """How many times it was requeued."""
         return int(self.extra.get("generation") or 0)
+
+    def concluded(self, state: RunState, answer: Sequence[Any]) -> RunPicture:
+        """This run as the conclusion judged on it left it: ``answer`` is what the conclusion
+        wrote (``_conclude_run.lua``: the version, the end's time, the reason, the cause), so
+        the run is known as it ended without being read again."""
+        version, ended, reason, cause = (str(v) for v in answer[:4])
+        return replace(
+            self,
+            state=state,
+            reason=reason,
+            cause=cause,
+            ended=float(ended),
+            updated=float(ended),
+            version=version,
+            recorded=False,
+            resolution=None,  # a resolution holds only at the version it was made at
+        )
 
 
 def picture_from(

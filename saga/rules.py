@@ -128,11 +128,11 @@ def conclusion(picture: RunPicture) -> tuple[RunState, str]:
     return RunState.COMPENSATED, picture.cause
 
 
-def conclusion_once_done(picture: RunPicture, step: int) -> tuple[RunState, str] | None:
-    """How an unwinding run ends once the running undo of ``step`` is recorded done, judged
-    on the reading just before that record (``conclusion`` of the run as the record leaves
-    it: the undo done, its entry off the stack); None where the reading cannot tell (the undo
-    not running, or its entry not the one on the stack)."""
+def once_undone(picture: RunPicture, step: int) -> RunPicture | None:
+    """The run as recording the running undo of ``step`` done leaves it, from the reading
+    just before that record: the undo done, its entry off the stack (the record's time and
+    version are the script's, known once it ran). None where the reading cannot tell: the run
+    not unwinding, the undo not running, or its entry not the one on the stack."""
     undo = next((c for c in picture.compensations if c.step == step), None)
     on_stack = [e for e in picture.stack if int(e["step"]) == step]
     if (
@@ -142,7 +142,7 @@ def conclusion_once_done(picture: RunPicture, step: int) -> tuple[RunState, str]
         or on_stack != [undo.entry]
     ):
         return None
-    done = replace(
+    return replace(
         picture,
         compensations=[
             replace(c, state=CompensationState.DONE) if c.step == step else c
@@ -150,8 +150,6 @@ def conclusion_once_done(picture: RunPicture, step: int) -> tuple[RunState, str]
         ],
         stack=[e for e in picture.stack if int(e["step"]) != step],
     )
-    state, reason = conclusion(done)
-    return state, reason or picture.reason
 
 
 def not_undone(picture: RunPicture) -> list[dict[str, Any]]:

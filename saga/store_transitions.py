@@ -277,26 +277,25 @@ class RunTransitions(StoreCore):
         return self._call("record_compensation", run_id, *args, push[1], extra=push[0])
 
     def record_last_compensation(
-        self,
-        run_id: str,
-        step: int,
-        outcome: str,
-        error: dict[str, Any] | None,
-        claim: str,
-        conclusion: Conclusion | None = None,
+        self, run_id: str, step: int, outcome: str, error: dict[str, Any] | None, claim: str
     ) -> tuple[Outcome, RunPicture | None]:
         """``record_compensation`` of the unwind's last undo (``done`` or ``fail``), and the
         run read back in the same transaction: the picture its conclusion is judged on
-        (``Core.conclude``), without a round trip of its own. ``conclusion``: judged
-        beforehand for the undo recorded done, made by the same script if the record leaves
-        the run at its version; the outcome's values then hold what the conclusion answered
-        (``ok`` and what it wrote, or why it did not conclude) and the picture is the ended
-        run's."""
-        args: tuple[Any, ...] = (step, outcome, _error_json(error), claim, "")
-        if conclusion is not None:
-            state, reason, owner, version = conclusion
-            args += ("", state.value, reason, owner, version)
+        (``Core.conclude``), without a round trip of its own."""
+        args = (step, outcome, _error_json(error), claim, "")
         return self._call_and_read("record_compensation", run_id, args)
+
+    def record_done_and_conclude(
+        self, run_id: str, step: int, claim: str, conclusion: Conclusion
+    ) -> Outcome:
+        """``record_compensation`` of the unwind's last undo, done, and its ``conclusion``
+        (judged beforehand) made by the same script if the record leaves the run at the
+        version it was judged for and took the undo's entry off the stack: one wait for the
+        disk instead of two. The outcome's values then hold what the conclusion answered
+        (``ok`` and what it wrote, or why it did not conclude); none if it was not tried."""
+        state, reason, owner, version = conclusion
+        args = (step, "done", "", claim, "", "", state.value, reason, owner, version)
+        return self._call("record_compensation", run_id, *args)
 
     def conclude(
         self, run_id: str, state: RunState, reason: str = "", owner: str = "", version: str = ""

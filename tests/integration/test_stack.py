@@ -29,7 +29,7 @@ from saga.constants import (
 from saga.errors import StoreUnavailableError
 from saga.model import CompensationState, RunState, StepState, ToolClass
 from saga.rules import gate_for
-from saga.stack import ChainPush, Conclusion, Outcome, RunStore
+from saga.stack import ChainPush, Conclusion, Outcome, RunPicture, RunStore
 from tests.conftest import TEST_STORE
 
 RETENTION = 60
@@ -481,10 +481,10 @@ def test_the_last_undos_record_makes_the_conclusion_judged_before_it_only_if_unm
 ) -> None:
     """A conclusion judged on the run as read before the last undo's record is made by that
     record's script only if the record leaves the run at the version it was judged for and
-    took the undo's entry off the stack; otherwise the record stands alone, and a repeat of
-    it is a duplicate."""
+    took the undo's entry off the stack, for the chain's owner; otherwise the record stands
+    alone, and a repeat of it is a duplicate."""
 
-    def last_undo_running() -> tuple[str, int, str]:
+    def last_undo_running() -> tuple[str, int, str, str]:
         run_id = new_run()
         credit = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
         succeed(store, run_id, credit, "reverse_credit")
@@ -492,46 +492,48 @@ def test_the_last_undos_record_makes_the_conclusion_judged_before_it_only_if_unm
         assert fail(store, run_id, mail).owns_unwind
         assert store.mark_sent(run_id, f"step:{mail}")
         assert begin_comp(store, run_id, credit).status == "run"
-        return run_id, credit, f"step:{mail}"
+        return run_id, credit, f"step:{mail}", _CLAIMS[(run_id, credit)]
+
+    def recorded(run_id: str, credit: int) -> RunPicture:
+        picture = store.picture(run_id)
+        assert picture is not None
+        assert [c.state for c in picture.compensations] == [CompensationState.DONE]
+        return picture
 
     # Judged for the version the record leaves: recorded done and concluded, as one
-    run_id, credit, owner = last_undo_running()
-    judged = Conclusion(
-        RunState.COMPENSATED, "step 2 failed", owner, str(version(store, run_id) + 1)
-    )
-    claim = _CLAIMS[(run_id, credit)]
-    outcome, picture = store.record_last_compensation(run_id, credit, "done", None, claim, judged)
+    run_id, credit, owner, claim = last_undo_running()
+    after = str(version(store, run_id) + 1)
+    judged = Conclusion(RunState.COMPENSATED, "step 2 failed", owner, after)
+    outcome = store.record_done_and_conclude(run_id, credit, claim, judged)
     assert outcome.status == "ok" and outcome.values[0] == "ok"
-    assert picture is not None and picture.state is RunState.COMPENSATED and not picture.stack
-    assert picture.version == outcome.values[1] == str(version(store, run_id))
-    again = store.record_last_compensation(run_id, credit, "done", None, claim, judged)[0]
-    assert again.status == "dup"
+    picture = recorded(run_id, credit)
+    assert picture.state is RunState.COMPENSATED and not picture.stack
+    assert outcome.values[1:4] == (picture.version, str(picture.ended), "step 2 failed")
+    assert picture.compensations[0].settled_at == picture.ended
+    assert store.record_done_and_conclude(run_id, credit, claim, judged).status == "dup"
 
     # The run moved on since the reading: recorded done, not concluded
-    run_id, credit, owner = last_undo_running()
+    run_id, credit, owner, claim = last_undo_running()
     stale = Conclusion(RunState.COMPENSATED, "", owner, str(version(store, run_id)))
-    claim = _CLAIMS[(run_id, credit)]
-    outcome, picture = store.record_last_compensation(run_id, credit, "done", None, claim, stale)
+    outcome = store.record_done_and_conclude(run_id, credit, claim, stale)
     assert (outcome.status, outcome.values) == ("ok", ("moved",))
-    assert picture is not None and picture.state is RunState.UNWINDING
-    assert picture.compensations[0].state is CompensationState.DONE
+    assert recorded(run_id, credit).state is RunState.UNWINDING
 
     # The undo's entry was not the one on the stack: recorded done, not concluded
-    run_id, credit, owner = last_undo_running()
+    run_id, credit, owner, claim = last_undo_running()
     store.client.lset(run_keys(run_id)[3], 0, '{"step": 1, "other": true}')
     judged = Conclusion(RunState.COMPENSATED, "", owner, str(version(store, run_id) + 1))
-    claim = _CLAIMS[(run_id, credit)]
-    outcome, picture = store.record_last_compensation(run_id, credit, "done", None, claim, judged)
+    outcome = store.record_done_and_conclude(run_id, credit, claim, judged)
     assert (outcome.status, outcome.values) == ("ok", ())
-    assert picture is not None and picture.state is RunState.UNWINDING and picture.stack
+    picture = recorded(run_id, credit)
+    assert picture.state is RunState.UNWINDING and picture.stack
 
     # Another owner's conclusion (a stale chain): recorded done, not concluded
-    run_id, credit, owner = last_undo_running()
+    run_id, credit, owner, claim = last_undo_running()
     judged = Conclusion(RunState.COMPENSATED, "", "reaper:1", str(version(store, run_id) + 1))
-    claim = _CLAIMS[(run_id, credit)]
-    outcome, picture = store.record_last_compensation(run_id, credit, "done", None, claim, judged)
+    outcome = store.record_done_and_conclude(run_id, credit, claim, judged)
     assert (outcome.status, outcome.values) == ("ok", ("stale",))
-    assert picture is not None and picture.state is RunState.UNWINDING
+    assert recorded(run_id, credit).state is RunState.UNWINDING
 
 
 def test_redelivered_failure_of_a_non_owner_does_not_own(store: RunStore, new_run: NewRun) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from saga import RunState
+from saga import RunPicture, RunState
 from saga.constants import CONCLUDE_UNWIND_TASK
 from saga.errors import StoreUnavailableError
 from tests.integration.engine_harness import Harness, harness
@@ -182,15 +182,23 @@ def test_the_last_undos_record_concludes_the_run_judged_on_the_reading_just_befo
     readings = counting_readings(h, monkeypatch)
     h.deliver(h.take(REVERSE, compensates=first))
     # Then the run was read once, before the undo's record, and the script that recorded the
-    # undo done concluded it (no conclusion of its own), and the run's end is recorded
+    # undo done concluded it (no conclusion of its own); its end is recorded in SQL as the
+    # keys hold it, though the run was not read again after the script
     assert readings == [run_id] and conclusions == []
     picture = h.saga.picture(run_id)
     assert picture.state is RunState.COMPENSATED and picture.recorded
-    record = h.saga.records.run(run_id)
-    assert record is not None and str(record.version) == picture.version
+    recorded = h.saga.records.picture(run_id)
+    assert recorded is not None and _as_told(recorded) == _as_told(picture)
 
 
-def test_a_run_that_moved_after_the_reading_is_concluded_on_the_reading_with_the_record(
+def _as_told(picture: RunPicture) -> tuple[object, ...]:
+    """What a run's SQL record and its keys must agree on once it ended."""
+    undos = [(c.step, c.state, c.settled_at, c.attempts, c.error) for c in picture.compensations]
+    ended = picture.ended and round(picture.ended, 3)
+    return picture.state, picture.reason, picture.cause, ended, picture.version, undos
+
+
+def test_a_run_that_moved_after_the_reading_is_read_again_to_conclude(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given an aborted run whose last undo's reading goes stale at once (another transition
@@ -199,19 +207,19 @@ def test_a_run_that_moved_after_the_reading_is_concluded_on_the_reading_with_the
     h.deliver(h.take(REVERSE, compensates=second))
     store = h.saga.store
     moved = moved_after_reading(store, monkeypatch)
-    record, answers = store.record_last_compensation, []
+    record, answers = store.record_done_and_conclude, []
 
     def answered(*args: Any, **kwargs: Any) -> Any:
-        outcome, picture = record(*args, **kwargs)
+        outcome = record(*args, **kwargs)
         answers.append(outcome.values)
-        return outcome, picture
+        return outcome
 
-    monkeypatch.setattr(store, "record_last_compensation", answered)
+    monkeypatch.setattr(store, "record_done_and_conclude", answered)
     conclusions = counting_conclusions(h, monkeypatch)
     # When the last undo runs
     h.deliver(h.take(REVERSE, compensates=first))
-    # Then the record's conclusion was refused by its version fence, and the run concluded
-    # the usual way, on the reading taken with the record, its record of the version it ended at
+    # Then the record's conclusion was refused by its version fence, and the run read again
+    # and concluded the usual way, its record of the version it ended at
     assert moved == [run_id] and answers == [("moved",)] and conclusions == [run_id]
     picture = h.saga.picture(run_id)
     assert picture.state is RunState.COMPENSATED and picture.recorded

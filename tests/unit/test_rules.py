@@ -19,9 +19,9 @@ from saga.rules import (
     REASON_COMPENSATION_NOT_BUILT,
     check_call,
     conclusion,
-    conclusion_once_done,
     gate_for,
     not_undone,
+    once_undone,
     unwind_order,
 )
 from saga.stack import CompensationRecord, RunPicture, RunView, StepRecord
@@ -343,31 +343,30 @@ def _last_undo_running(older: CompensationState) -> RunPicture:
     )
 
 
-def test_the_conclusion_once_the_last_undo_is_done_is_judged_on_the_reading_before() -> None:
-    """The verdict of the run as the undo's record leaves it: that undo done, its entry off
-    the stack; the run's reason where the verdict gives none."""
-    assert conclusion_once_done(_last_undo_running(CompensationState.DONE), 3) == (
-        RunState.COMPENSATED,
-        "step 9 failed",
-    )
-    assert conclusion_once_done(_last_undo_running(CompensationState.FAILED), 3) == (
-        RunState.ESCALATED,
-        REASON_COMPENSATION_FAILED,
-    )
+def test_the_run_once_the_last_undo_is_done_is_judged_on_the_reading_before() -> None:
+    """The run as the undo's record leaves it: that undo done, its entry off the stack; its
+    verdict is the conclusion's."""
+    undone = once_undone(_last_undo_running(CompensationState.DONE), 3)
+    assert undone is not None and undone.stack == []
+    assert [c.state for c in undone.compensations] == [CompensationState.DONE] * 2
+    assert conclusion(undone) == (RunState.COMPENSATED, "")
+    undone = once_undone(_last_undo_running(CompensationState.FAILED), 3)
+    assert undone is not None and undone.stack == [entry(2, "reverse_credit")]
+    assert conclusion(undone) == (RunState.ESCALATED, REASON_COMPENSATION_FAILED)
 
 
-def test_the_conclusion_once_done_is_not_judged_where_the_reading_cannot_tell() -> None:
+def test_the_run_once_undone_is_not_judged_where_the_reading_cannot_tell() -> None:
     """An undo not running (a repeat, or not begun), or whose entry is not the one on the
-    stack, leaves the conclusion to the reading after the record."""
+    stack, or a run no longer unwinding, leaves it to the reading after the record."""
     run = _last_undo_running(CompensationState.DONE)
-    assert conclusion_once_done(run, 2) is None
-    assert conclusion_once_done(run, 7) is None
+    assert once_undone(run, 2) is None
+    assert once_undone(run, 7) is None
     other = dataclasses.replace(run, stack=[{**entry(3, "set_ticket_status"), "args": {}}])
-    assert conclusion_once_done(other, 3) is None
+    assert once_undone(other, 3) is None
     twice = dataclasses.replace(run, stack=run.stack * 2)
-    assert conclusion_once_done(twice, 3) is None
+    assert once_undone(twice, 3) is None
     ended = dataclasses.replace(run, state=RunState.COMPENSATED)
-    assert conclusion_once_done(ended, 3) is None
+    assert once_undone(ended, 3) is None
 
 
 def test_conclusion_of_a_run_with_nothing_to_undo_is_compensated() -> None:
