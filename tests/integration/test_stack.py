@@ -405,6 +405,7 @@ def test_the_final_failure_pushes_the_unwinds_chain_with_its_record_only_if_unmo
     credit = start(store, run_id, "issue_credit", ToolClass.COMPENSATABLE_WRITE)
     assert succeed(store, run_id, credit, "reverse_credit").status == "ok"
     mail = start(store, run_id, "send_reply", ToolClass.COMPENSATABLE_WRITE)
+    queue = f"saga-test-queue:{{{run_id}}}"
     push = ChainPush(queue, f"{run_id}:{credit}:undo:b", "the first message")
     try:
         # The reading's version: recorded, owned, pushed and marked sent, as one
