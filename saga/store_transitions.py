@@ -48,7 +48,7 @@ class ChainPush:
 
 class Conclusion(NamedTuple):
     """A run's end judged beforehand, for the script that records its last undo to make
-    (``RunTransitions.record_last_compensation``): only on the run at ``version``."""
+    (``RunTransitions.record_done_and_conclude``): only on the run at ``version``."""
 
     state: RunState
     reason: str
