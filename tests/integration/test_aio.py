@@ -180,25 +180,27 @@ def test_concurrent_requests_start_and_wait_for_runs_while_the_loop_keeps_runnin
     hosted: str,
 ) -> None:
     """Six runs started at once over HTTP, then six requests each waiting for its run's
-    end: all complete, and the heartbeat beside them ticked while they waited."""
+    end: all complete, and the heartbeat beside them ticked while they waited. (The agent
+    thinks for a while: an agent that answers at once can end its runs before the waits are
+    even made, and then nothing was pending.)"""
 
     async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
         async with AsyncClient(redis_url=hosted) as client, http(web_app(client)) as web:
             starts = await asyncio.gather(
-                *(web.post("/runs", json={"agent": "patient", "input": "Hi."}) for _ in range(6))
+                *(web.post("/runs", json={"agent": "slow", "input": "Hi."}) for _ in range(6))
             )
             run_ids = [r.json()["run_id"] for r in starts]
             waits, ticks = await ticking(
                 asyncio.gather(*(web.get(f"/runs/{run_id}/ended") for run_id in run_ids))
             )
             assert not isinstance(waits, BaseException), waits
-            listed = (await web.get("/runs", params={"agent": "patient", "limit": 6})).json()
+            listed = (await web.get("/runs", params={"agent": "slow", "limit": 6})).json()
             return [w.json() for w in waits], listed, ticks
 
     ended, listed, ticks = run(main)
 
     assert [s["state"] for s in ended] == ["completed"] * 6
-    assert all(s["final_text"] == "Nothing to do." for s in ended)
+    assert all(s["final_text"] == "Done." for s in ended)
     assert {row["run_id"] for row in listed} == {s["run_id"] for s in ended}
     assert ticks >= 3  # the loop ran while the six waits were pending
 
