@@ -49,9 +49,10 @@ if os.environ.get("SAGA_BENCH_FAILURE_APART") == "1":
 if os.environ.get("SAGA_BENCH_CONCLUSION_APART") == "1":
 
     def _recorded_apart(
-        core: Any, task: Any, run_id: str, step: int, claim: str
+        core: Any, task: Any, tool: Any, run_id: str, step: int, claim: str
     ) -> tuple[bool, Any]:
         recorded = saga_compensation._recorded_last(core, task, run_id, step, "done", None, claim)
+        saga_compensation.metrics.compensation(tool.name, "done")
         return False, recorded
 
     saga_compensation._recorded_done_last = _recorded_apart  # type: ignore[assignment]

@@ -109,8 +109,7 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
         else:  # recorded before (a repeat whose first reply was lost): passed on apart
             _pass_on(core, task)
         return {"compensated": step}
-    concluded, last = _recorded_done_last(core, task, run_id, step, claim)
-    metrics.compensation(tool.name, "done")
+    concluded, last = _recorded_done_last(core, task, tool, run_id, step, claim)
     if not concluded:
         _conclude_here(core, task, run_id, last)
     _pass_on(core, task)
@@ -192,7 +191,7 @@ def _recorded_last(
 
 
 def _recorded_done_last(
-    core: Core, task: Task, run_id: str, step: int, claim: str
+    core: Core, task: Task, tool: Tool, run_id: str, step: int, claim: str
 ) -> tuple[bool, RunPicture | None]:
     """``_recorded_last`` of an undo done and, when all that is left of the chain is its
     conclusion, that conclusion made by the same script: one wait for the disk where the
@@ -204,17 +203,22 @@ def _recorded_done_last(
     (None: read it again)."""
     left = _conclusion_left(task, run_id)
     if left is None:
-        return False, _recorded_last(core, task, run_id, step, "done", None, claim)
+        recorded = _recorded_last(core, task, run_id, step, "done", None, claim)
+        metrics.compensation(tool.name, "done")  # counted before the run's end, as it came
+        return False, recorded
     owner = str(left.get("owner") or "")
     before = patiently(core, f"run {run_id} undo {step}: the run", core.store.picture, run_id)
     undone = None if before is None else rules.once_undone(before, step)
     if undone is None or not owner or not undone.version.isdigit():
-        return False, _recorded_last(core, task, run_id, step, "done", None, claim)
+        recorded = _recorded_last(core, task, run_id, step, "done", None, claim)
+        metrics.compensation(tool.name, "done")
+        return False, recorded
     state, reason = rules.conclusion(undone)
     judged = Conclusion(state, reason or undone.reason, owner, str(int(undone.version) + 1))
     record = core.store.record_done_and_conclude
     what = f"run {run_id} undo {step}: done"
     outcome = patiently(core, what, record, run_id, step, claim, judged)
+    metrics.compensation(tool.name, "done")
     if outcome.status != "ok" or outcome.values[:1] != ("ok",):
         return False, None  # recorded (or a repeat): concluded the usual way, read again
     answer = outcome.values[1:]
