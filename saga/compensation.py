@@ -202,16 +202,14 @@ def _recorded_done_last(
     True once concluded here; else False and the picture ``_conclude_here`` concludes on
     (None: read it again)."""
     left = _conclusion_left(task, run_id)
-    if left is None:
+    owner = str((left or {}).get("owner") or "")
+    undone = None
+    if left is not None and owner:
+        read = patiently(core, f"run {run_id} undo {step}: the run", core.store.picture, run_id)
+        undone = None if read is None else rules.once_undone(read, step)
+    if left is None or undone is None or not undone.version.isdigit():
         recorded = _recorded_last(core, task, run_id, step, "done", None, claim)
         metrics.compensation(tool.name, "done")  # counted before the run's end, as it came
-        return False, recorded
-    owner = str(left.get("owner") or "")
-    before = patiently(core, f"run {run_id} undo {step}: the run", core.store.picture, run_id)
-    undone = None if before is None else rules.once_undone(before, step)
-    if undone is None or not owner or not undone.version.isdigit():
-        recorded = _recorded_last(core, task, run_id, step, "done", None, claim)
-        metrics.compensation(tool.name, "done")
         return False, recorded
     state, reason = rules.conclusion(undone)
     judged = Conclusion(state, reason or undone.reason, owner, str(int(undone.version) + 1))
