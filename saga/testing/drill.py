@@ -60,6 +60,7 @@ __all__ = [
     "Progress",
     "Scenario",
     "StepOutcome",
+    "install_rule",
     "judge",
     "plan",
     "sample",
@@ -233,7 +234,7 @@ class Drill:
         self.faults.clear()
         result = CaseResult(fault)
         try:
-            rule = _install(self.faults, fault)
+            rule = install_rule(self.faults, fault)
             run = self.saga.start_run()
             result.run_id = run.run_id
 
@@ -372,8 +373,9 @@ class Drill:
             return self._until(settled)
 
 
-def _install(faults: Faults, fault: Fault) -> str | None:
-    """The fault's rule, written for the workers to meet; its id (None: an abort, no rule)."""
+def install_rule(faults: Faults, fault: Fault) -> str | None:
+    """The fault's rule, written for the workers to meet; its id (None: an abort, no rule).
+    The hosted drill's faults on a step are these too."""
     tool, nth, times = faults.tool(fault.tool) if fault.tool else None, fault.nth, fault.times
     if tool is None or fault.kind == "aborted_after":
         return None

@@ -29,7 +29,7 @@ from saga.agents.turn_state import LoopState
 from saga.constants import tool_task_name
 from saga.errors import SagaError
 from saga.model import RunState, StepState
-from saga.testing.drill import Drill, DrillReport, Progress, _install
+from saga.testing.drill import Drill, DrillReport, Progress, install_rule
 from saga.testing.drill_judge import CaseResult
 from saga.testing.drill_plan import (
     HOLD_SECONDS,
@@ -240,7 +240,7 @@ class HostedDrill(Drill):
             self.faults.delay(
                 self.hosted.agent, HOLD_SECONDS, nth=turn + 1, point="during_model_call"
             )
-        return _install(self.faults, fault)
+        return install_rule(self.faults, fault)
 
     def _watch(self, result: CaseResult, rule: str | None, person: Approvals) -> RunPicture:
         """Until the run ends: strike where the fault says (once), and answer its approvals."""

@@ -17,7 +17,7 @@ from saga.testing.drill import (
     Fault,
     Mismatch,
     StepOutcome,
-    _install,
+    install_rule,
     plan,
     sample,
 )
@@ -160,7 +160,7 @@ def test_verify_is_for_writes_and_compensations() -> None:
 
 
 class _ToolRules:
-    """What ``_install`` asks of a tool's faults, written down instead of into Redis."""
+    """What ``install_rule`` asks of a tool's faults, written down instead of into Redis."""
 
     def __init__(self, tool: str, written: list[tuple[str, str, dict[str, Any]]]) -> None:
         self.tool, self.written = tool, written
@@ -204,7 +204,7 @@ def test_each_kind_is_a_rule_at_its_point(
     fault: Fault, method: str, options: dict[str, Any]
 ) -> None:
     rules = _Rules()
-    assert _install(rules, fault) == "rule"  # type: ignore[arg-type]
+    assert install_rule(rules, fault) == "rule"  # type: ignore[arg-type]
     ((tool, called, given),) = rules.written
     assert (tool, called, given["nth"]) == (fault.tool, method, 2)
     assert options.items() <= given.items()
@@ -214,7 +214,7 @@ def test_each_kind_is_a_rule_at_its_point(
 
 def test_an_abort_after_a_step_writes_no_rule_and_every_kind_is_described() -> None:
     rules = _Rules()
-    assert _install(rules, Fault("aborted_after", 2, "write", abort_after=2)) is None  # type: ignore[arg-type]
+    assert install_rule(rules, Fault("aborted_after", 2, "write", abort_after=2)) is None  # type: ignore[arg-type]
     assert not rules.written
     assert set(KINDS) | {"none"} == set(MEANINGS)
 
