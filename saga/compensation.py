@@ -29,6 +29,7 @@ from saga.delivery import (
 from saga.errors import StepInDoubtError
 from saga.model import StepContext
 from saga.picture import RunPicture
+from saga.soft_limit import tool_time
 from saga.stack import Conclusion, Outcome
 from saga.tools import Tool
 
@@ -78,10 +79,12 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
         raise StepInDoubtError(f"run {run_id}: compensation of step {step}: {message}")
     ctx = StepContext(run_id, step, entry["idempotency_key"], attempt, compensating=True)
     try:
-        strike(core, "before_compensation", tool)
-        call_tool(tool, ctx, entry["args"])
-        strike(core, "after_compensation", tool)
+        with tool_time():
+            strike(core, "before_compensation", tool)
+            call_tool(tool, ctx, entry["args"])
+            strike(core, "after_compensation", tool)
     except Exception as exc:
+        strike(core, "after_compensation_failed", tool)
         if retryable(exc) and tool.retry.allows_another(attempt):
             _record_compensation(core, run_id, step, "retry", error_of(exc, attempt), claim)
             metrics.compensation(tool.name, "retried")

@@ -22,18 +22,21 @@ from saga.redis_errors import unavailable
 
 #: Where a fault can strike in a worker: around a tool's effect or a compensation; once a
 #: step's success and its undo are recorded, its message not yet acknowledged
-#: (``after_push``); in a hosted turn (``tool`` is then the agent's name while the model is
-#: asked, once it answered and before the answer is recorded (``after_model_call``: a death
-#: there makes the redelivered turn ask again), and after the answer is recorded; and the
-#: called tool's name after each call is dispatched); once an unwind's
-#: conclusion is written in Redis, before its SQL record is (``after_conclusion``); and once an
-#: escalation's row is written (``tool`` is "" for these two), before its notices are.
+#: (``after_push``); once a compensation raised, before its retry or failure is recorded
+#: (``after_compensation_failed``: saga's time, not the tool's); in a hosted turn (``tool``
+#: is then the agent's name while the model is asked, once it answered and before the answer
+#: is recorded (``after_model_call``: a death there makes the redelivered turn ask again), and
+#: after the answer is recorded; and the called tool's name after each call is dispatched);
+#: once an unwind's conclusion is written in Redis, before its SQL record is
+#: (``after_conclusion``); and once an escalation's row is written (``tool`` is "" for these
+#: two), before its notices are.
 FAULT_POINTS = (
     "before_effect",
     "after_effect",
     "after_push",
     "before_compensation",
     "after_compensation",
+    "after_compensation_failed",
     "during_model_call",
     "after_model_call",
     "after_model_answer",

@@ -35,6 +35,7 @@ from saga.errors import StepFailedError, StepInDoubtError, ToolRejected
 from saga.model import RunState, StepContext, ToolClass
 from saga.picture import RunPicture
 from saga.reaper import mark_in_doubt
+from saga.soft_limit import tool_time
 from saga.stack import Outcome
 from saga.tools import Tool
 from saga.unwind import unwinding
@@ -100,9 +101,10 @@ def run_step(
         raise StepInDoubtError(f"run {run_id} step {step} ({tool.name}): {message}")
     ctx = StepContext(run_id, step, step_idempotency_key(run_id, step), attempt)
     try:
-        strike(core, "before_effect", tool)
-        result = call_tool(tool, ctx, args)
-        strike(core, "after_effect", tool)
+        with tool_time():
+            strike(core, "before_effect", tool)
+            result = call_tool(tool, ctx, args)
+            strike(core, "after_effect", tool)
     except ToolRejected as exc:  # a business refusal: nothing happened, the model is told
         logger.info("run %s step %d (%s) rejected: %s", run_id, step, tool.name, exc)
         _record_failure(core, run_id, step, error_of(exc, attempt), "reject")
@@ -162,7 +164,8 @@ def _settle_final_failure(
         return
     if tool.lookup is not None and writes:
         try:
-            found = tool.lookup(step_idempotency_key(run_id, step), args)
+            with tool_time():
+                found = tool.lookup(step_idempotency_key(run_id, step), args)
         except Exception as exc:
             logger.exception("run %s step %d: lookup after the failure failed", run_id, step)
             error = {**error, "lookup": f"{type(exc).__name__}: {exc}"}

@@ -59,6 +59,7 @@ from saga.reaper import ReapReport
 from saga.records import EscalationRecord
 from saga.retry import RetryPolicy
 from saga.revoke import on_revoked
+from saga.soft_limit import kept_for_the_tool
 from saga.telemetry import traced_tool
 from saga.tool_hosts import publish_worker_app, publish_worker_tools
 from saga.tools import Tool
@@ -297,11 +298,12 @@ def install_tool(app: Celery, core: Core, tool: Tool) -> None:
         unwind: str = "",
     ) -> Any:
         try:
-            if compensates is not None:
-                return compensate(core, self, tool, run_id, compensates, unwind)
-            if step is None:
-                raise InvalidArgumentsError(f"{tool.name} task needs a step or a compensation")
-            return run_step(core, self, tool, run_id, step, args or {})
+            with kept_for_the_tool(f"{tool.name}[{self.request.id}]"):
+                if compensates is not None:
+                    return compensate(core, self, tool, run_id, compensates, unwind)
+                if step is None:
+                    raise InvalidArgumentsError(f"{tool.name} task needs a step or a compensation")
+                return run_step(core, self, tool, run_id, step, args or {})
         except Exception as exc:
             # A tool's failure, recorded: Celery copies, formats, logs, pickles to the pool's
             # parent and sends in its ``task-failed`` event the traceback of what the task

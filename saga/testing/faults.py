@@ -95,6 +95,7 @@ TOOL_POINTS = (
     "after_push",
     "before_compensation",
     "after_compensation",
+    "after_compensation_failed",
     "between_dispatches",
 )
 

@@ -271,16 +271,17 @@ def test_a_call_awaiting_approval_is_listed_behind_thousands_of_newer_runs(
 def test_while_a_requeue_unwinds_its_escalation_is_not_open_nor_requeued_again(
     web: Web, fresh_world: None
 ) -> None:
-    """Requeued while billing is still down and slow (each reversal takes 4 s to fail), the
+    """Requeued while billing is still down and slow (each reversal takes 3 s to fail, within
+    the deployment's 4 s soft time limit: the tool's own failure, not a time limit's), the
     run unwinds again: meanwhile its old escalation is not listed as open and the run page
     shows no open escalation; a requeue under the old id is a 409 naming where the run
     stands. Once it escalates again (generation 1), the old id still requeues nothing."""
     run_id = web.escalated_run()
     client = web.client(web.operate_token)
-    systems.set_delay("reversal", 4)
+    systems.set_delay("reversal", 3)
     first = client.post(f"/api/escalations/{run_id}:0/requeue", json={})
     assert first.status_code == 200, first.text
-    # While the run unwinds again (its first reversal takes 4 s to fail)
+    # While the run unwinds again (its first reversal takes 3 s to fail)
     listed = client.get("/api/escalations", params={"run_id": run_id}).json()["escalations"]
     page = log_in(web, web.read_token).get(f"/console/runs/{run_id}")
     old = client.post(f"/api/escalations/{run_id}:0/requeue", json={})

@@ -1,0 +1,68 @@
+"""``saga.soft_limit`` in this process, with billiard's soft-limit handler installed as a pool
+process installs it, and the signal sent as billiard's timer sends it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+from billiard.pool import soft_timeout_sighandler  # type: ignore[import-untyped]
+from celery.exceptions import SoftTimeLimitExceeded
+
+from saga.soft_limit import kept_for_the_tool, tool_time
+
+
+@pytest.fixture
+def pool_process() -> Iterator[None]:
+    """This process's SIGUSR1 handled as in a billiard pool process, put back afterwards."""
+    previous = signal.signal(signal.SIGUSR1, soft_timeout_sighandler)
+    yield
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def soft_limit() -> None:
+    os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def test_in_the_tools_call_it_raises_as_celerys_does(pool_process: None) -> None:
+    with kept_for_the_tool("t"), pytest.raises(SoftTimeLimitExceeded), tool_time():
+        soft_limit()
+    assert signal.getsignal(signal.SIGUSR1) is soft_timeout_sighandler
+
+
+def test_while_saga_records_it_is_noted_and_the_recording_finishes(
+    pool_process: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorded = []
+    with caplog.at_level(logging.WARNING, "saga.worker"), kept_for_the_tool("reverse_credit[x]"):
+        with tool_time():
+            pass
+        soft_limit()
+        recorded.append("the retry")
+    assert recorded == ["the retry"]
+    assert "reverse_credit[x]: the soft time limit came while saga recorded" in caplog.text
+    assert signal.getsignal(signal.SIGUSR1) is soft_timeout_sighandler
+
+
+def test_before_the_tools_call_it_is_raised_as_the_call_begins_and_only_once(
+    pool_process: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    called = []
+    with kept_for_the_tool("t"):
+        soft_limit()
+        with pytest.raises(SoftTimeLimitExceeded), tool_time():
+            called.append("the tool")
+        with tool_time():  # the lookup after the failure: Celery sends the signal once
+            called.append("its lookup")
+    assert called == ["its lookup"]
+    assert "soft time limit came" not in caplog.text
+
+
+def test_outside_a_pool_process_nothing_changes() -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    with kept_for_the_tool("t"), tool_time():
+        assert signal.getsignal(signal.SIGUSR1) is before
+    assert signal.getsignal(signal.SIGUSR1) is before
