@@ -7,18 +7,20 @@ lets go. Raised in what saga does around the call (recording the outcome, pushin
 asking Celery for the retry), it cut that short: the message was acknowledged as failed with
 the outcome unrecorded or the retry unsent, and the run waited for the reaper's deadline.
 
-So for the length of a tool task's delivery the signal is taken by a handler of saga's own:
-inside ``tool_time`` it raises as billiard's does; arriving before the tool is called, it is
-raised as the call begins (the delivery spent the tool's time, it retries); arriving after, it
-is noted and saga finishes recording, which the hard time limit still bounds (the lease
-outlasts it by ``LEASE_MARGIN_SECONDS``). Anywhere else (the solo or threads pool, which have
-no soft limit by signal, or a task that is not a tool's), nothing changes. (billiard's, not
-Celery's: the signal, its handler and the exception are the pool's, which Celery re-exports.)
+So a pool process's signal is taken by a handler of saga's own, installed over billiard's on
+the process's first tool task. Outside a tool task's delivery it raises as billiard's does.
+Within one, inside ``tool_time`` (the tool's call, its lookup) it raises too; arriving before
+the call, it is raised as the call begins (the delivery spent the tool's time: it retries);
+arriving after, it is noted and saga finishes recording, which the hard time limit still
+bounds (the lease outlasts it by ``LEASE_MARGIN_SECONDS``). In the solo or threads pool,
+which have no soft limit by signal, nothing changes. (billiard's, not Celery's: the signal,
+its handler and the exception are the pool's, which Celery re-exports.)
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -39,26 +41,36 @@ class _Delivery:
     in_tool = False
     #: Arrived outside the tool's time and not raised (Celery sends it once a delivery).
     pending = False
+    #: The process whose handler is saga's (a pool process forked later installs its own).
+    installed_in = 0
 
 
 _delivery = _Delivery()
 
 
-def _billiards_handler() -> object | None:
-    """The soft limit's handler a billiard pool process installed, when this is one."""
+def _taken_here() -> bool:
+    """Whether saga's handler takes the soft limit in this process: in a billiard pool
+    process's main thread, installed over billiard's handler on the first delivery and kept
+    (outside a tool's delivery it raises as billiard's does)."""
+    if _delivery.installed_in == os.getpid():
+        return True
     if _SIGNAL is None or threading.current_thread() is not threading.main_thread():
-        return None
+        return False
+    current = signal.getsignal(_SIGNAL)
     try:
         from billiard.pool import soft_timeout_sighandler  # type: ignore[import-untyped]
     except ImportError:  # pragma: no cover - billiard always ships it with Celery
-        return None
-    current = signal.getsignal(_SIGNAL)
-    return current if current is soft_timeout_sighandler else None
+        return False
+    if current is not soft_timeout_sighandler:
+        return False
+    signal.signal(_SIGNAL, _on_soft_limit)
+    _delivery.installed_in = os.getpid()
+    return True
 
 
 def _on_soft_limit(signum: int, frame: FrameType | None) -> None:
-    if _delivery.in_tool:
-        raise SoftTimeLimitExceeded()
+    if not _delivery.active or _delivery.in_tool:
+        raise SoftTimeLimitExceeded()  # as billiard's handler does
     _delivery.pending = True  # (no logging here: a handler may interrupt the logging itself)
 
 
@@ -66,16 +78,13 @@ def _on_soft_limit(signum: int, frame: FrameType | None) -> None:
 def kept_for_the_tool(what: str) -> Iterator[None]:
     """For one tool task's delivery (``what`` names it in the log): the soft limit raises
     only in ``tool_time``. A no-op outside a billiard pool process's main thread."""
-    previous = _billiards_handler()
-    if previous is None or _delivery.active:
+    if _delivery.active or not _taken_here():
         yield
         return
     _delivery.active, _delivery.in_tool, _delivery.pending = True, False, False
-    signal.signal(_SIGNAL, _on_soft_limit)  # type: ignore[arg-type]
     try:
         yield
     finally:
-        signal.signal(_SIGNAL, previous)  # type: ignore[arg-type]
         deferred = _delivery.pending
         _delivery.active = _delivery.in_tool = _delivery.pending = False
         if deferred:
