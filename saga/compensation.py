@@ -29,7 +29,7 @@ from saga.delivery import (
 from saga.errors import StepInDoubtError
 from saga.model import StepContext
 from saga.picture import RunPicture
-from saga.soft_limit import tool_time
+from saga.soft_limit import call_time
 from saga.stack import Conclusion, Outcome
 from saga.tools import Tool
 
@@ -79,7 +79,7 @@ def compensate(core: Core, task: Task, tool: Tool, run_id: str, step: int, unwin
         raise StepInDoubtError(f"run {run_id}: compensation of step {step}: {message}")
     ctx = StepContext(run_id, step, entry["idempotency_key"], attempt, compensating=True)
     try:
-        with tool_time():
+        with call_time():
             strike(core, "before_compensation", tool)
             call_tool(tool, ctx, entry["args"])
             strike(core, "after_compensation", tool)

@@ -35,7 +35,7 @@ from saga.errors import StepFailedError, StepInDoubtError, ToolRejected
 from saga.model import RunState, StepContext, ToolClass
 from saga.picture import RunPicture
 from saga.reaper import mark_in_doubt
-from saga.soft_limit import tool_time
+from saga.soft_limit import call_time
 from saga.stack import Outcome
 from saga.tools import Tool
 from saga.unwind import unwinding
@@ -101,7 +101,7 @@ def run_step(
         raise StepInDoubtError(f"run {run_id} step {step} ({tool.name}): {message}")
     ctx = StepContext(run_id, step, step_idempotency_key(run_id, step), attempt)
     try:
-        with tool_time():
+        with call_time():
             strike(core, "before_effect", tool)
             result = call_tool(tool, ctx, args)
             strike(core, "after_effect", tool)
@@ -164,7 +164,7 @@ def _settle_final_failure(
         return
     if tool.lookup is not None and writes:
         try:
-            with tool_time():
+            with call_time():
                 found = tool.lookup(step_idempotency_key(run_id, step), args)
         except Exception as exc:
             logger.exception("run %s step %d: lookup after the failure failed", run_id, step)

@@ -44,7 +44,7 @@ from saga.errors import RunEndedError, StoreUnavailableError, UnknownToolError
 from saga.model import CompensationState, RunState, StepState, ToolClass
 from saga.notifications.notifier import Notifier
 from saga.picture import RunPicture
-from saga.soft_limit import tool_time
+from saga.soft_limit import call_time
 from saga.stack import RunHead
 from saga.tools import Tool
 
@@ -121,7 +121,7 @@ def reconcile(core: Core, run_id: str, step: int) -> str:
         verdict = "not_happened"  # a read has no effect to find, nor to undo
     elif tool is not None and tool.lookup is not None:
         try:
-            with tool_time():
+            with call_time():
                 result = tool.lookup(step_idempotency_key(run_id, step), record.args)
             verdict = "not_happened" if result is None else "happened"
         except Exception as exc:
@@ -357,7 +357,7 @@ def _found_anyway(core: Core, picture: RunPicture, step: int) -> bool:
     if tool.lookup is None or tool.tool_class is ToolClass.READ:
         return False
     try:
-        with tool_time():
+        with call_time():
             return tool.lookup(step_idempotency_key(picture.run_id, step), record.args) is not None
     except Exception:
         logger.exception("run %s: lookup of step %d (%s) failed", picture.run_id, step, record.tool)

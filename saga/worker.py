@@ -59,7 +59,7 @@ from saga.reaper import ReapReport
 from saga.records import EscalationRecord
 from saga.retry import RetryPolicy
 from saga.revoke import on_revoked
-from saga.soft_limit import kept_for_the_tool
+from saga.soft_limit import kept_for_the_call
 from saga.telemetry import traced_tool
 from saga.tool_hosts import publish_worker_app, publish_worker_tools
 from saga.tools import Tool
@@ -298,7 +298,7 @@ def install_tool(app: Celery, core: Core, tool: Tool) -> None:
         unwind: str = "",
     ) -> Any:
         try:
-            with kept_for_the_tool(f"{tool.name}[{self.request.id}]"):
+            with kept_for_the_call(f"{tool.name}[{self.request.id}]"):
                 if compensates is not None:
                     return compensate(core, self, tool, run_id, compensates, unwind)
                 if step is None:

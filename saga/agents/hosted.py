@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from billiard.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
 
 from saga import telemetry
 from saga.agents.agent import Agent, AgentRegistry, OnLimit
@@ -32,6 +33,7 @@ from saga.agents.launch import publish_agents, send_turn
 from saga.agents.lease import ASKER_FENCE, FENCE_POLL, TURN_LEASE_SECONDS, Hold, keeper_for
 from saga.agents.messages import ModelTurn
 from saga.agents.policies import take_turn
+from saga.agents.transcript import Transcript
 from saga.agents.turn_calls import Placed, dispatch_calls
 from saga.agents.turn_state import (
     LoopState,
@@ -55,6 +57,7 @@ from saga.errors import (
 from saga.model import RunState
 from saga.picture import RunPicture
 from saga.redis_errors import unavailable
+from saga.soft_limit import call_time, kept_for_the_call
 
 logger = logging.getLogger("saga.agents")
 
@@ -241,11 +244,7 @@ def _ask(
     try:
         if delivery.answer is None:
             with keeper_for(core.store).holding(hold):
-                _strike(core, "during_model_call", agent.name)
-                transcript = transcript_until(state, turn)
-                answer = telemetry.model_call(
-                    run_id, turn, agent, take_turn, agent.policy, transcript, agent.tools
-                )
+                answer = _model_answer(core, agent, run_id, turn, transcript_until(state, turn))
             # Kept in hand: should recording it fail (Redis away, or no replica holding it in
             # time, and then a failover), the replay records this answer, never asks again.
             delivery.answer = answer.with_usable_call_ids(turn)
@@ -278,6 +277,25 @@ def _ask(
         if recorded is None and not keep_lease:
             turns.release_lease(run_id, turn, hold.token)
     return None
+
+
+def _model_answer(
+    core: Core, agent: Agent, run_id: str, turn: int, transcript: Transcript
+) -> ModelTurn:
+    """The model asked once, in the call's own time: in a prefork pool, Celery's soft time
+    limit cuts this call short, never the recording around it (``saga.soft_limit``). A call
+    it cut short is a model that did not answer in time, not a bug in the policy: asked
+    again as ``model_retry`` allows, by a delivery with a time limit of its own."""
+    try:
+        with call_time():
+            _strike(core, "during_model_call", agent.name)
+            return telemetry.model_call(
+                run_id, turn, agent, take_turn, agent.policy, transcript, agent.tools
+            )
+    except SoftTimeLimitExceeded as exc:
+        raise ModelCallError(
+            "the model did not answer within the task's soft time limit", retryable=True
+        ) from exc
 
 
 def _freeze_earlier_results(
@@ -405,13 +423,15 @@ def install_turn_tasks(app: Any, core: Core, agents: AgentRegistry) -> None:
     @app.task(name=AGENT_TURN_TASK, **options)
     @telemetry.traced_turn
     def agent_turn(self: Any, run_id: str, turn: int, attempt: int = 1) -> None:
-        again = play_turn(core, agents, run_id, int(turn), attempt=int(attempt))
-        if again is not None:
-            attempt = attempt + 1 if again.model_attempt else attempt
-            kwargs = {"run_id": run_id, "turn": turn, "attempt": attempt}
-            # (on quorum queues a countdown under a second would be dropped, not waited)
-            countdown = broker_countdown(self.app.conf, again.delay)
-            raise self.retry(countdown=countdown, kwargs=kwargs)
+        # In a prefork pool the soft time limit is the model call's alone (``_model_answer``).
+        with kept_for_the_call(f"run {run_id} turn {turn}[{self.request.id}]"):
+            again = play_turn(core, agents, run_id, int(turn), attempt=int(attempt))
+            if again is not None:
+                attempt = attempt + 1 if again.model_attempt else attempt
+                kwargs = {"run_id": run_id, "turn": turn, "attempt": attempt}
+                # (on quorum queues a countdown under a second would be dropped, not waited)
+                countdown = broker_countdown(self.app.conf, again.delay)
+                raise self.retry(countdown=countdown, kwargs=kwargs)
 
     @app.task(name=START_UNWIND_TASK, **options)
     def start_unwind(self: Any, run_id: str, owner: str) -> None:

@@ -1,5 +1,7 @@
 """Celery's soft time limit arriving while saga records an undo's failure, not while the undo
-runs: saga finishes recording and the unwind goes on, on a real prefork worker.
+runs: saga finishes recording and the unwind goes on, on a real prefork worker. And in a
+hosted turn played in a prefork pool: a model call it cuts short is asked again, and one that
+arrives while the answer is recorded leaves the answer recorded and the run going on.
 
 The soft limit is a ``SIGUSR1`` billiard's timer sends the pool process. Its timer ticks once
 a second, so where it lands is left to chance; this test sends the signal itself, at the
@@ -21,14 +23,18 @@ import pytest
 from saga import RunState
 from saga.testing import Faults
 from tasks import systems
+from tasks.agents import declare
 from tests.integration.deployment import Deployment, deployment
 from tests.integration.helpers import compensated_steps, demo_steps, wait_until
 
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """A private deployment whose worker has one pool process: the one the signal goes to."""
-    with deployment(tmp_path_factory.mktemp("soft-limit"), {}, ["-c", "1"]) as made:
+    """A private deployment whose worker has one pool process, the one the signal goes to; it
+    plays the hosted turns too (the demo app's ``refund`` agent)."""
+    worker_args = ["-c", "1", "-Q", "celery,saga.turns"]
+    with deployment(tmp_path_factory.mktemp("soft-limit"), {}, worker_args) as made:
+        declare(made.saga)  # the demo app's agents, as its worker hosts them
         yield made
 
 
@@ -69,3 +75,46 @@ def test_a_soft_limit_while_an_undos_failure_is_recorded_loses_nothing(
     assert "the soft time limit came while saga recorded the delivery" in log
     assert "SoftTimeLimitExceeded" not in log
     faults.clear()
+
+
+def hosted_run_held_at(single: Deployment, point: str) -> tuple[str, int]:
+    """A hosted ``refund`` run whose first model call is held at ``point``, the soft limit
+    sent to the pool process there; its id and where the worker's log stood before it."""
+    systems.clear_switches()
+    systems.reset()
+    faults = Faults(single.saga.store.client)
+    faults.clear()
+    before = len(single.worker_log())
+    held = faults.delay("refund", 3.0, point=point)
+    run_id = single.saga.enqueue_run("refund", "Order 4921 arrived late: refund it.")
+    wait_until(lambda: faults.hits(held) == 1, 30, f"the first model call held at {point}")
+    os.kill(pool_process(single.worker.pid), signal.SIGUSR1)
+    wait_until(lambda: single.saga.picture(run_id).state.ended, 60, f"hosted run {run_id} to end")
+    faults.clear()
+    return run_id, before
+
+
+def test_a_model_call_cut_short_by_the_soft_limit_is_asked_again(single: Deployment) -> None:
+    # Given a hosted run whose first model call overruns the soft limit (held, then signalled)
+    run_id, before = hosted_run_held_at(single, "during_model_call")
+
+    # Then the model is asked again, not taken for a broken policy: the run completes
+    picture = single.saga.picture(run_id)
+    log = single.worker_log()[before:]
+    assert picture.state is RunState.COMPLETED, log
+    assert "the model did not answer within the task's soft time limit; asking again" in log
+    assert "the policy failed" not in log
+    assert len(systems.ledger()) == 1 and len(systems.outbox()) == 1
+
+
+def test_a_soft_limit_while_a_turn_records_its_answer_loses_nothing(single: Deployment) -> None:
+    # Given a hosted run whose first answer came back, the soft limit arriving before its record
+    run_id, before = hosted_run_held_at(single, "after_model_call")
+
+    # Then the answer is recorded and the run goes on to complete
+    picture = single.saga.picture(run_id)
+    log = single.worker_log()[before:]
+    assert picture.state is RunState.COMPLETED, log
+    assert "the soft time limit came while saga recorded the delivery" in log
+    assert "the policy failed" not in log and "SoftTimeLimitExceeded" not in log
+    assert len(systems.ledger()) == 1 and len(systems.outbox()) == 1

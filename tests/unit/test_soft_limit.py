@@ -13,7 +13,7 @@ from billiard.pool import soft_timeout_sighandler  # type: ignore[import-untyped
 from celery.exceptions import SoftTimeLimitExceeded
 
 from saga import soft_limit
-from saga.soft_limit import kept_for_the_tool, tool_time
+from saga.soft_limit import call_time, kept_for_the_call
 
 
 @pytest.fixture
@@ -30,14 +30,14 @@ def the_soft_limit_arrives() -> None:
 
 
 def test_in_the_tools_call_it_raises_as_celerys_does(pool_process: None) -> None:
-    with kept_for_the_tool("t"), pytest.raises(SoftTimeLimitExceeded), tool_time():
+    with kept_for_the_call("t"), pytest.raises(SoftTimeLimitExceeded), call_time():
         the_soft_limit_arrives()
 
 
 def test_saga_takes_billiards_place_and_raises_as_it_outside_a_tools_delivery(
     pool_process: None,
 ) -> None:
-    with kept_for_the_tool("t"):
+    with kept_for_the_call("t"):
         taken = signal.getsignal(signal.SIGUSR1)
     assert taken is not soft_timeout_sighandler
     assert signal.getsignal(signal.SIGUSR1) is taken  # kept for the process's next deliveries
@@ -49,8 +49,8 @@ def test_while_saga_records_it_is_noted_and_the_recording_finishes(
     pool_process: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     recorded = []
-    with caplog.at_level(logging.WARNING, "saga.worker"), kept_for_the_tool("reverse_credit[x]"):
-        with tool_time():
+    with caplog.at_level(logging.WARNING, "saga.worker"), kept_for_the_call("reverse_credit[x]"):
+        with call_time():
             pass
         the_soft_limit_arrives()
         recorded.append("the retry")
@@ -62,11 +62,11 @@ def test_before_the_tools_call_it_is_raised_as_the_call_begins_and_only_once(
     pool_process: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     called = []
-    with kept_for_the_tool("t"):
+    with kept_for_the_call("t"):
         the_soft_limit_arrives()
-        with pytest.raises(SoftTimeLimitExceeded), tool_time():
+        with pytest.raises(SoftTimeLimitExceeded), call_time():
             called.append("the tool")
-        with tool_time():  # the lookup after the failure: Celery sends the signal once
+        with call_time():  # the lookup after the failure: Celery sends the signal once
             called.append("its lookup")
     assert called == ["its lookup"]
     assert "soft time limit came" not in caplog.text
@@ -75,6 +75,6 @@ def test_before_the_tools_call_it_is_raised_as_the_call_begins_and_only_once(
 def test_outside_a_pool_process_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(soft_limit._delivery, "installed_in", 0)
     before = signal.getsignal(signal.SIGUSR1)
-    with kept_for_the_tool("t"), tool_time():
+    with kept_for_the_call("t"), call_time():
         assert signal.getsignal(signal.SIGUSR1) is before
     assert signal.getsignal(signal.SIGUSR1) is before
