@@ -61,7 +61,7 @@ def test_a_step_running_while_the_broker_goes_away_credits_once_and_the_run_comp
     # Given a worker on the node, and a credit that takes a few seconds
     env, saga = on_rabbit
     worker = env.worker(concurrency=1)
-    env.faults.delay("issue_credit", 4.0, point="after_effect")
+    env.faults.delay("issue_credit", 3.0, point="after_effect")  # under the 4 s soft limit
     run = saga.start_run()
     handle = run.call("issue_credit", order_id=ORDER, amount_cents=CREDIT, memo="restart")
     wait_until(lambda: credits_and_reversals(run.run_id) == (1, 0), what="the credit")
