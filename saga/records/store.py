@@ -49,8 +49,11 @@ logger = logging.getLogger("saga.records")
 
 
 def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    """WAL lets readers and the writer overlap across processes; NORMAL syncs at checkpoints,
-    not every commit, which is safe in WAL mode against a crash of the process.
+    """WAL lets readers and the writer overlap across processes. FULL syncs the WAL at every
+    commit: a run's record survives a power cut once written, as the store's writes do with
+    ``appendfsync always``. (NORMAL syncs at checkpoints only: a power cut could take the last
+    records while the store, told they were written, lets those runs' keys expire, and with
+    them the only account of an escalation or an undo that failed.)
 
     The busy timeout comes first, so every statement after it waits for a lock instead of
     failing at once. The switch to WAL (it stays with the file) is the exception: it needs the
@@ -74,7 +77,7 @@ def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
             cursor.execute("PRAGMA journal_mode=WAL")
         except sqlite3.OperationalError:
             time.sleep(0.02)
-    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA synchronous=FULL")
     cursor.close()
 
 

@@ -701,6 +701,19 @@ def test_processes_opening_a_new_sqlite_file_at_once_all_record(tmp_path: Path) 
     assert (recorded, mode) == (processes * count, "wal")
 
 
+def test_a_sqlite_record_is_on_disk_once_committed(tmp_path: Path) -> None:
+    """A run's record in SQLite is synced at its commit (``synchronous=FULL`` on the WAL), so
+    a power cut cannot take a record the store was told is written and expires keys after."""
+    store = RecordStore(f"sqlite:///{tmp_path / 'records.db'}")
+    try:
+        with store.engine.connect() as connection:
+            mode = connection.scalar(text("PRAGMA journal_mode"))
+            synchronous = connection.scalar(text("PRAGMA synchronous"))
+    finally:
+        store.dispose()
+    assert (mode, synchronous) == ("wal", 2)  # 2: FULL (1 would be NORMAL)
+
+
 def test_a_stale_picture_never_writes_over_a_later_record(records: RecordStore) -> None:
     """A reaper that read the run escalated, then paused while a requeue compensated and
     recorded it, must not write its older story back (found by the model check)."""
