@@ -11,7 +11,8 @@ so drift hits all alike.
 
 Three passes, each with its own redis-server and PostgreSQL database (made here, dropped
 after): *normal* (Redis without an AOF, PostgreSQL ``synchronous_commit=off``: neither waits
-for the disk), *durable* (Redis ``appendfsync always``, PostgreSQL ``synchronous_commit=on``)
+for the disk; saga's records, in SQLite, are synced at each commit in every pass, as the
+library does), *durable* (Redis ``appendfsync always``, PostgreSQL ``synchronous_commit=on``)
 and *replicated* (durable, with one replica confirming each of saga's writes that count,
 ``SAGA_REDIS_CONFIRM_REPLICAS=1``: saga alone, for what the confirmation costs).
 
