@@ -94,27 +94,26 @@ def hosted_run_held_at(single: Deployment, point: str) -> tuple[str, int]:
     return run_id, before
 
 
-def test_a_model_call_cut_short_by_the_soft_limit_is_asked_again(single: Deployment) -> None:
-    # Given a hosted run whose first model call overruns the soft limit (held, then signalled)
-    run_id, before = hosted_run_held_at(single, "during_model_call")
+@pytest.mark.parametrize(
+    ("point", "told"),
+    [
+        # the model call overran: asked again, not taken for a broken policy
+        ("during_model_call", "the model did not answer within the task's soft time limit; asking"),
+        # the answer came back, the soft limit before its record: recorded, the turn finished
+        ("after_model_call", "the soft time limit came while saga recorded the delivery"),
+    ],
+    ids=["in-the-model-call", "while-the-answer-is-recorded"],
+)
+def test_a_soft_limit_in_a_hosted_turn_loses_nothing(
+    single: Deployment, point: str, told: str
+) -> None:
+    # Given a hosted run whose first model call is held at the point, the soft limit sent there
+    run_id, before = hosted_run_held_at(single, point)
 
-    # Then the model is asked again, not taken for a broken policy: the run completes
+    # Then the run goes on to complete: one credit, one reply
     picture = single.saga.picture(run_id)
     log = single.worker_log()[before:]
     assert picture.state is RunState.COMPLETED, log
-    assert "the model did not answer within the task's soft time limit; asking again" in log
-    assert "the policy failed" not in log
-    assert len(systems.ledger()) == 1 and len(systems.outbox()) == 1
-
-
-def test_a_soft_limit_while_a_turn_records_its_answer_loses_nothing(single: Deployment) -> None:
-    # Given a hosted run whose first answer came back, the soft limit arriving before its record
-    run_id, before = hosted_run_held_at(single, "after_model_call")
-
-    # Then the answer is recorded and the run goes on to complete
-    picture = single.saga.picture(run_id)
-    log = single.worker_log()[before:]
-    assert picture.state is RunState.COMPLETED, log
-    assert "the soft time limit came while saga recorded the delivery" in log
+    assert told in log
     assert "the policy failed" not in log and "SoftTimeLimitExceeded" not in log
     assert len(systems.ledger()) == 1 and len(systems.outbox()) == 1
