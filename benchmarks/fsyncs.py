@@ -9,8 +9,9 @@ at a time: no other run shares a sync), for the bare Celery chain and for saga, 
 failing, on one Redis (``single``: the broker's writes sync too) and with the broker and
 results on a Redis of their own without an AOF (``split``: the store syncs saga's writes
 alone). Serial runs, so the count is the number of disk waits a run's writes make, whatever
-the machine's load. Needs ``strace`` (Debian: ``apt-get install strace``) and the right to
-trace a child (root, or ``kernel.yama.ptrace_scope`` 0).
+the machine's load. A second line gives the microseconds per ``fdatasync`` as ``strace``
+sees them (its own overhead included). Needs ``strace`` (Debian: ``apt-get install strace``)
+and the right to trace a child (root, or ``kernel.yama.ptrace_scope`` 0).
 
     python benchmarks/fsyncs.py [--runs N] [--topology single|split]
 """
@@ -34,17 +35,19 @@ from benchmarks import costs  # noqa: E402
 MODES = ("bare-happy", "saga-happy", "bare-fail", "saga-fail")
 
 
-def syncs_of(strace_summary: str) -> int:
-    """The ``fdatasync`` call count in ``strace -c``'s table (0 if none were made)."""
+def syncs_of(strace_summary: str) -> tuple[int, int]:
+    """The ``fdatasync`` call count in ``strace -c``'s table, and its microseconds per call
+    (the disk's wait as the tracer sees it, its own overhead included); (0, 0) if none."""
     for line in strace_summary.splitlines():
         cells = line.split()
         if cells and cells[-1] == "fdatasync":
-            return int(cells[3])
-    return 0
+            return int(cells[3]), int(cells[2])
+    return 0, 0
 
 
-def measure(topology: str, runs: int) -> dict[str, float]:
-    """``fdatasync`` calls of the store per run, by mode, for one topology."""
+def measure(topology: str, runs: int) -> dict[str, tuple[float, int]]:
+    """``fdatasync`` calls of the store per run, and microseconds per call, by mode, for one
+    topology."""
     import redis
 
     from saga.testing import RedisServer, WorkerProcess
@@ -57,7 +60,7 @@ def measure(topology: str, runs: int) -> dict[str, float]:
         env = costs.bench_environment(store.url, "saga-fsyncs-")
     client = redis.Redis.from_url(store.url)
     worker = WorkerProcess("benchmarks.bench_app", env=env, concurrency=2, cwd=ROOT)
-    counts: dict[str, float] = {}
+    counts: dict[str, tuple[float, int]] = {}
     try:
         worker.start()
         from benchmarks.peers import celery_drivers
@@ -78,7 +81,8 @@ def measure(topology: str, runs: int) -> dict[str, float]:
                 time.sleep(0.5)  # the last run's writes synced
                 tracer.send_signal(signal.SIGINT)
                 tracer.wait(10)
-                counts[mode] = syncs_of(Path(out.name).read_text()) / runs
+                calls, micros = syncs_of(Path(out.name).read_text())
+                counts[mode] = calls / runs, micros
     finally:
         worker.stop()
         client.close()
@@ -102,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(command, check=True)
         return 0
     counts = measure(topologies[0], args.runs)
-    cells = "  ".join(f"{mode} {value:.1f}" for mode, value in counts.items())
+    cells = "  ".join(f"{mode} {value:.1f}" for mode, (value, _) in counts.items())
     print(f"{topologies[0]}: fdatasync of the store per run (serial runs): {cells}")
+    cells = "  ".join(f"{mode} {micros}" for mode, (_, micros) in counts.items())
+    print(f"{topologies[0]}: microseconds per fdatasync (strace): {cells}")
     return 0
 
 
