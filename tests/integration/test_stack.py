@@ -509,7 +509,13 @@ def test_the_last_undos_record_makes_the_conclusion_judged_before_it_only_if_unm
     assert outcome.status == "ok" and outcome.values[0] == "ok"
     picture = recorded(run_id, credit)
     assert picture.state is RunState.COMPENSATED and not picture.stack
-    assert outcome.values[1:4] == (picture.version, str(picture.ended), "step 2 failed")
+    version_after, ended_at, reason = outcome.values[1:4]
+    # the script's clock as it wrote it ('%.6f'), read as the number the run's picture holds
+    assert (version_after, float(ended_at), reason) == (
+        picture.version,
+        picture.ended,
+        "step 2 failed",
+    )
     assert picture.compensations[0].settled_at == picture.ended
     assert store.record_done_and_conclude(run_id, credit, claim, judged).status == "dup"
 
