@@ -145,6 +145,13 @@ def measure(args: argparse.Namespace, modes: dict[str, Driver]) -> float:
         "saga = 4 agent-driven steps (dispatch, wait, next) with undo pushes + finish(); "
         "target ratio >= 0.90"
     )
+    # Each saga round over the bare round just before it: how far apart rounds a few seconds
+    # apart land on this machine, which is how far a single ratio can be trusted.
+    pairs = sorted(s / b for b, s in zip(rates["bare"], rates["saga"], strict=True))
+    print(
+        f"saga/bare per pair of rounds: lowest {pairs[0]:.2f}, median "
+        f"{statistics.median(pairs):.2f}, highest {pairs[-1]:.2f}"
+    )
     return statistics.median(rates["saga"]) / statistics.median(rates["bare"])
 
 
