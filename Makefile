@@ -19,7 +19,7 @@ APP_MODULE = $(firstword $(subst :, ,$(SAGA_APP)))
 # The image's dependencies (Dockerfile), pinned with hashes: `make lock` after changing them.
 LOCK_EXTRAS := postgres metrics flower openai anthropic api
 
-.PHONY: install demo test test-matrix lint bench bench-agents bench-peers bench-scale bench-shards chaos modelcheck worker turns beat flower lock clean
+.PHONY: install demo test test-matrix lint bench bench-agents bench-instructions bench-peers bench-scale bench-shards chaos modelcheck worker turns beat flower lock clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,13 @@ $(PEERS_VENV)/.installed: benchmarks/peers-requirements.txt
 
 bench-peers: $(INSTALLED) $(PEERS_VENV)/.installed
 	$(BIN)/python benchmarks/peers.py --runs $(or $(RUNS),150)
+
+# Instructions per run, bare chain and saga, happy and failing, by process (caller, worker, pool
+# process, Redis), counted by valgrind's callgrind: the reading of a run's work that does not
+# move with the machine. Starts its own redis-server and worker under valgrind (about 10 min).
+# make bench-instructions RUNS=N (measured runs per mode, default 20). Needs valgrind and gcc.
+bench-instructions: $(INSTALLED)
+	$(BIN)/python benchmarks/instructions.py --runs $(or $(RUNS),20)
 
 # The cost of a step with 10, 1,000 and 10,000 runs open; the reaper's pass; Redis memory.
 bench-scale: $(INSTALLED)

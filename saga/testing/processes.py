@@ -72,13 +72,21 @@ class _ProcessGroup:
 class RedisServer(_ProcessGroup):
     """A private ``redis-server`` on a free port, for tests that kill or restart Redis."""
 
-    def __init__(self, *args: str, port: int | None = None, directory: Path | None = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        port: int | None = None,
+        directory: Path | None = None,
+        wrapper: Sequence[str] = (),
+    ) -> None:
+        """``wrapper``: a command the server runs under (``valgrind --tool=callgrind``, say)."""
         if shutil.which("redis-server") is None:
             raise RuntimeError(
                 "redis-server is not installed (Debian: apt-get install redis-server)"
             )
         self.port = port or free_port()
         self.args = args
+        self.wrapper = list(wrapper)
         self._own_dir = directory is None
         self.directory = directory or Path(tempfile.mkdtemp(prefix="saga-redis-"))
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -89,7 +97,7 @@ class RedisServer(_ProcessGroup):
         return f"redis://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 10.0) -> Self:
-        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        command = [*self.wrapper, "redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
         command += ["--save", "", "--dir", str(self.directory), *self.args]
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -133,7 +141,9 @@ class WorkerProcess(_ProcessGroup):
         extra_args: Sequence[str] = (),
         logfile: Path | None = None,
         cwd: Path | None = None,
+        wrapper: Sequence[str] = (),
     ) -> None:
+        """``wrapper``: a command the worker runs under (``valgrind --tool=callgrind``, say)."""
         self.app = app
         self.env = {**os.environ, **(env or {})}
         self.hostname = f"saga-test-{uuid.uuid4().hex[:8]}@%h"
@@ -142,11 +152,12 @@ class WorkerProcess(_ProcessGroup):
         self.extra_args = list(extra_args)
         self.logfile = logfile or Path(tempfile.mkstemp(prefix="saga-worker-", suffix=".log")[1])
         self.cwd = cwd
+        self.wrapper = list(wrapper)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> Self:
         self.logfile.write_text("")
-        command = [sys.executable, "-m", "celery", "-A", self.app, "worker"]
+        command = [*self.wrapper, sys.executable, "-m", "celery", "-A", self.app, "worker"]
         command += ["--loglevel", "INFO", "--logfile", str(self.logfile), "-n", self.hostname]
         command += ["-c", str(self.concurrency), "-P", self.pool, "-E"]
         command += ["--without-gossip", "--without-mingle", *self.extra_args]

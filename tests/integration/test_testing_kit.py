@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
+from saga.testing import RedisServer, WorkerProcess
 from tests.conftest import MACHINE_REDIS, ROOT, TEST_STORE, service_missing
 
 EXAMPLE = ROOT / "examples" / "testing_kit"
@@ -75,3 +77,35 @@ def test_loading_the_plugin_imports_nothing_beyond_saga_itself() -> None:
     )
     # the package's own __init__ (its names load on first use) and the plugin, nothing else
     assert done.stdout.strip() == "['saga.testing', 'saga.testing.plugin']"
+
+
+def test_a_server_and_a_worker_run_under_the_command_they_are_wrapped_in(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        service_missing("redis-server is not installed (Debian: apt-get install redis-server)")
+
+    # Given a wrapper command (as valgrind or strace would be) that notes its process id in a
+    # file named by the wrapped program, then becomes that program
+    def wrapper(name: str) -> list[str]:
+        note = f'echo $$ > {tmp_path / name}; exec "$@"'
+        return ["sh", "-c", note, "wrapper"]
+
+    # When a Redis and a worker start under it
+    with RedisServer(wrapper=wrapper("redis")) as server:
+        env = {
+            "SAGA_REDIS_URL": server.url,
+            "SAGA_BROKER_URL": server.url,
+            "SAGA_RESULT_BACKEND": server.url,
+            "SAGA_DEMO_DATA": str(tmp_path / "data"),
+            "SAGA_DATABASE_URL": f"sqlite:///{tmp_path / 'records.db'}",
+        }
+        worker = WorkerProcess(
+            "tasks.app", env=env, concurrency=1, cwd=ROOT, wrapper=wrapper("worker")
+        )
+        with worker:
+            # Then each is the wrapped command's process, and it came up: Redis answers and
+            # the worker said it is ready
+            assert server.process is not None
+            assert (tmp_path / "redis").read_text().strip() == str(server.process.pid)
+            assert (tmp_path / "worker").read_text().strip() == str(worker.pid)
+            with redis.Redis.from_url(server.url) as client:
+                assert client.ping()
