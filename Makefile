@@ -19,7 +19,7 @@ APP_MODULE = $(firstword $(subst :, ,$(SAGA_APP)))
 # The image's dependencies (Dockerfile), pinned with hashes: `make lock` after changing them.
 LOCK_EXTRAS := postgres metrics flower openai anthropic api
 
-.PHONY: install demo test test-matrix lint bench bench-agents bench-instructions bench-peers bench-scale bench-shards chaos modelcheck worker turns beat flower lock clean
+.PHONY: install demo test test-matrix test-lock lint bench bench-agents bench-instructions bench-peers bench-scale bench-shards chaos modelcheck worker turns beat flower lock clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,22 @@ test-matrix: $(INSTALLED)
 	SAGA_TEST_BROKER=amqp SAGA_TEST_STORE=sentinel scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile tests/integration
 	SAGA_TEST_STORE=cluster scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile tests/integration
 	SAGA_TEST_BROKER=amqp SAGA_TEST_STORE=cluster scripts/with-redis $(BIN)/python -m pytest -n 2 --dist loadfile tests/integration
+
+# The image's pinned dependencies (requirements.lock, what the Dockerfile installs) in a
+# virtualenv of their own, the test tools beside them held to the same pins, and the whole
+# suite run there as `make test` runs it: the versions the image ships are the versions tested.
+LOCK_VENV := .venv-lock
+$(LOCK_VENV)/.installed: requirements.lock pyproject.toml
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install --quiet --upgrade pip
+	$(LOCK_VENV)/bin/pip install --quiet --require-hashes --no-deps -r requirements.lock
+	sed -n 's/^\([A-Za-z0-9_.-]*==[^ ]*\).*/\1/p' requirements.lock > $(LOCK_VENV)/pins.txt
+	$(LOCK_VENV)/bin/pip install --quiet -c $(LOCK_VENV)/pins.txt -e '.[dev]'
+	touch $@
+
+test-lock: $(LOCK_VENV)/.installed
+	scripts/with-redis $(LOCK_VENV)/bin/python -m pytest -n 2 --dist loadfile
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
@@ -143,4 +159,4 @@ lock: $(INSTALLED)
 		--python-version 3.11 --python-platform linux --quiet -o requirements.lock
 
 clean:
-	rm -rf $(VENV) $(PEERS_VENV) .demo-data .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(PEERS_VENV) $(LOCK_VENV) .demo-data .pytest_cache .mypy_cache .ruff_cache *.egg-info

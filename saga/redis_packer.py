@@ -1,7 +1,7 @@
 """Packing a command into Redis's protocol in one C call.
 
-redis-py packs a command by encoding each argument in Python, even with hiredis installed
-(which it then asks only to join them): an ``EVALSHA`` of a run's seven keys and its
+redis-py (8.2 on) packs a command by encoding each argument in Python, even with hiredis
+installed (which it then asks only to join them): an ``EVALSHA`` of a run's seven keys and its
 arguments costs the caller about 20 µs, a fifth of the whole call's CPU, for every script a
 step, an undo or the caller runs. ``hiredis.pack_command`` makes the same bytes in about 3 µs.
 
@@ -13,6 +13,9 @@ and hands anything else to redis-py's own packer, which keeps its behaviour (and
 - a command name without a space (redis-py splits ``"SCRIPT LOAD"`` into two words);
 - the connection's encoding UTF-8, strict (what hiredis encodes a ``str`` with).
 ``tests/unit/test_redis_packer.py`` compares the two packers' bytes.
+
+redis-py before 8.2 packs with hiredis in one C call itself, and its hiredis packer takes no
+fallback: there this module leaves redis-py's packer in place.
 """
 
 from __future__ import annotations
@@ -64,5 +67,10 @@ def pack_with_hiredis(connection_kwargs: dict[str, Any]) -> None:
         return
     encoder = Encoder(encoding, errors, False)  # type: ignore[no-untyped-call]
     python = PythonRespSerializer(_BUFFER_CUTOFF, encoder.encode)  # redis-py's own pair
-    own = HiredisRespSerializer(python.pack, encoder.encode)  # type: ignore[no-untyped-call]
+    try:
+        own = HiredisRespSerializer(python.pack, encoder.encode)  # type: ignore[no-untyped-call]
+    except TypeError:
+        # redis-py before 8.2: its hiredis packer takes no arguments, and already packs a
+        # command in one C call (it encodes nothing in Python first). It stays.
+        return
     connection_kwargs["command_packer"] = HiredisPacker(own.pack)
