@@ -89,7 +89,7 @@ bench-peers: $(INSTALLED) $(PEERS_VENV)/.installed
 
 # Instructions per run, bare chain and saga, happy and failing, by process (caller, worker, pool
 # process, Redis), counted by valgrind's callgrind: the reading of a run's work that does not
-# move with the machine. Starts its own redis-server and worker under valgrind (about 10 min).
+# move with the machine. Starts its own redis-server and worker under valgrind (about 13 min).
 # make bench-instructions RUNS=N (measured runs per mode, default 20). Needs valgrind and gcc.
 bench-instructions: $(INSTALLED)
 	$(BIN)/python benchmarks/instructions.py --runs $(or $(RUNS),20)
