@@ -19,22 +19,44 @@ import redis
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _stat_times(pid: int) -> list[float]:
+    """utime, stime, cutime, cstime of ``pid`` in seconds (fields 14-17 of its stat, 11-14
+    after the name)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return [int(v) / _TICKS for v in fields[11:15]]
+
+
 def process_cpu(pid: int, descendants: bool = True) -> float:
     """CPU seconds (user + system) of ``pid`` and every live descendant, plus what its
     reaped children used (``descendants=False``: of ``pid`` alone); 0 for a process that is
     gone."""
     total = 0.0
-    for one in [pid, *_descendants(pid)] if descendants else [pid]:
+    for one in [pid, *descendants_of(pid)] if descendants else [pid]:
         try:
-            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+            times = _stat_times(one)
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
-        # utime, stime, cutime, cstime: fields 14-17 of stat (11-14 after the name).
-        total += sum(int(v) for v in fields[11 : 15 if descendants else 13]) / _TICKS
+        total += sum(times if descendants else times[:2])
     return total
 
 
-def _descendants(pid: int) -> list[int]:
+def user_and_system(pid: int) -> tuple[float, float]:
+    """CPU seconds of one process, all its threads, in user space and in the kernel."""
+    user, system, _, _ = _stat_times(pid)
+    return user, system
+
+
+def strace_row(strace_summary: str, name: str) -> tuple[int, int]:
+    """The calls and microseconds per call of ``name`` (a system call, or ``total``) in
+    ``strace -c``'s table; (0, 0) if the table has no such row."""
+    for line in strace_summary.splitlines():
+        cells = line.split()
+        if cells and cells[-1] == name:
+            return int(cells[3]), int(cells[2])
+    return 0, 0
+
+
+def descendants_of(pid: int) -> list[int]:
     found: list[int] = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -47,7 +69,7 @@ def _descendants(pid: int) -> list[int]:
             continue
         for child in children:
             found.append(int(child))
-            found.extend(_descendants(int(child)))
+            found.extend(descendants_of(int(child)))
     return found
 
 

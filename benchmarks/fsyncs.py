@@ -38,11 +38,7 @@ MODES = ("bare-happy", "saga-happy", "bare-fail", "saga-fail")
 def syncs_of(strace_summary: str) -> tuple[int, int]:
     """The ``fdatasync`` call count in ``strace -c``'s table, and its microseconds per call
     (the disk's wait as the tracer sees it, its own overhead included); (0, 0) if none."""
-    for line in strace_summary.splitlines():
-        cells = line.split()
-        if cells and cells[-1] == "fdatasync":
-            return int(cells[3]), int(cells[2])
-    return 0, 0
+    return costs.strace_row(strace_summary, "fdatasync")
 
 
 def measure(topology: str, runs: int) -> dict[str, tuple[float, int]]:

@@ -318,24 +318,6 @@ def one_mode(
     return row
 
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def user_and_system(pid: int) -> tuple[float, float]:
-    """CPU seconds of one process, all its threads, in user space and in the kernel."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) / _TICKS, int(fields[12]) / _TICKS
-
-
-def system_calls(strace_summary: str) -> int:
-    """The total calls in ``strace -c``'s table."""
-    for line in strace_summary.splitlines():
-        cells = line.split()
-        if cells and cells[-1] == "total":
-            return int(cells[3])
-    return 0
-
-
 def seconds(args: argparse.Namespace) -> None:
     """``--seconds``: the modes without callgrind, one run at a time; CPU ms per run by
     process (user/system), then system calls per run by process."""
@@ -351,7 +333,7 @@ def seconds(args: argparse.Namespace) -> None:
     try:
         worker.start()
         assert server.process is not None
-        pool = costs._descendants(worker.pid)
+        pool = costs.descendants_of(worker.pid)
         pids = {"caller": os.getpid(), "worker": worker.pid, "pool": pool[0]}
         pids["redis"] = server.process.pid
         drivers = peers.celery_drivers(client)
@@ -361,10 +343,10 @@ def seconds(args: argparse.Namespace) -> None:
         for _ in range(args.repeat):
             totals = {}
             for mode in MODES:
-                before = {name: user_and_system(pid) for name, pid in pids.items()}
+                before = {name: costs.user_and_system(pid) for name, pid in pids.items()}
                 for i in range(args.runs):
                     drivers[mode](i)
-                after = {name: user_and_system(pid) for name, pid in pids.items()}
+                after = {name: costs.user_and_system(pid) for name, pid in pids.items()}
                 cells = []
                 for name in pids:
                     user = (after[name][0] - before[name][0]) * 1000 / args.runs
@@ -397,7 +379,7 @@ def seconds(args: argparse.Namespace) -> None:
                 tracer.send_signal(signal.SIGINT)
                 tracer.wait(30)
             cells = [
-                f"{name} {system_calls(path.read_text()) / args.runs:.1f}"
+                f"{name} {costs.strace_row(path.read_text(), 'total')[0] / args.runs:.1f}"
                 for name, path in outputs.items()
             ]
             for path in outputs.values():
