@@ -8,11 +8,19 @@ index, the events) are counted apart, since the worker batches them differently 
 
 ``--markdown`` prints the tables of ``docs/performance.md``; ``--json`` the counts that
 ``tests/integration/test_command_counts.py`` holds that document to.
+
+``--instructions`` replays the run's own commands, as captured, on a redis-server of its own
+under valgrind's callgrind, one command at a time (the run id renamed for each replay), and
+prints the instructions Redis executed for each: the least of ``--replays`` replays, less a
+window with no command, so a timer that fired in one window does not count. It says what a
+script costs Redis beside a plain command, which ``benchmarks/instructions.py`` sums per run.
+Needs valgrind (Debian: ``apt-get install valgrind``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -135,6 +143,12 @@ def summary(traced: dict[str, Any]) -> dict[str, int]:
 
 def trace(fail: bool) -> tuple[str, dict[str, Any]]:
     """One run traced: its id, and what ``classify`` makes of the monitor's lines."""
+    run_id, lines, roles = monitored(fail)
+    return run_id, classify(lines, run_id, roles)
+
+
+def monitored(fail: bool) -> tuple[str, list[str], dict[str, str]]:
+    """One run under ``MONITOR``: its id, the monitor's lines, and who each client is."""
     from benchmarks import bench_app, steps
 
     url, roles = os.environ["SAGA_REDIS_URL"], current_roles()
@@ -142,7 +156,104 @@ def trace(fail: bool) -> tuple[str, dict[str, Any]]:
     time.sleep(0.2)
     run = steps.drive_saga(bench_app.saga, 0, fail, 30)
     time.sleep(0.5)  # the worker's last acks and events
-    return run.run_id, classify(monitor.stop(), run.run_id, roles)
+    return run.run_id, monitor.stop(), roles
+
+
+def sent_by_the_run(lines: list[str], roles: dict[str, str]) -> list[list[bytes]]:
+    """The commands the caller and the worker sent for the run's own state, whole, in order
+    (not Celery's, nor the waits: a replay cannot block)."""
+    sent = []
+    for line in lines:
+        match = _LINE.match(line)
+        if match is None or match["source"] == "lua":
+            continue
+        if roles.get(match["port"] or "", "?") not in ("caller", "worker"):
+            continue
+        command = [match["command"].encode(), *unquoted(match["rest"])]
+        if command[0].upper() not in (b"BLPOP", b"CLIENT", b"INFO", b"CONFIG"):
+            sent.append(command)
+    return sent
+
+
+def unquoted(rest: str) -> list[bytes]:
+    """``MONITOR``'s arguments, each in double quotes with C escapes (Redis's sdscatrepr)."""
+    escapes = {"n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b", "\\": b"\\", '"': b'"'}
+    args, i = [], 0
+    while (i := rest.find('"', i)) >= 0:
+        i, arg = i + 1, bytearray()
+        while rest[i] != '"':
+            if rest[i] != "\\":
+                arg += rest[i].encode()
+                i += 1
+            elif rest[i + 1] == "x":
+                arg.append(int(rest[i + 2 : i + 4], 16))
+                i += 4
+            else:
+                arg += escapes[rest[i + 1]]
+                i += 2
+        args.append(bytes(arg))
+        i += 1
+    return args
+
+
+def replay_instructions(
+    runs: dict[str, tuple[str, list[list[bytes]]]], replays: int
+) -> dict[str, list[tuple[str, int]]]:
+    """Each run's commands replayed ``replays`` times on a redis-server under callgrind, the
+    run id renamed each time: (label, instructions) per command, the least of its replays
+    less the least of as many windows with no command."""
+    import tempfile
+
+    import redis
+
+    from benchmarks.instructions import callgrind, control, dumped
+    from saga.testing import RedisServer
+
+    names = script_names()
+    out = Path(tempfile.mkdtemp(prefix="saga-replay-"))
+    server = RedisServer("--appendonly", "no", "--hz", "1", wrapper=callgrind(out))
+    server.start(timeout=120)
+    assert server.process is not None
+    pid = server.process.pid
+    client = redis.Redis.from_url(server.url)
+    connection = client.connection_pool.get_connection()
+
+    def counted(command: list[bytes] | None) -> int:
+        before = set(out.glob(f"{pid}.out.*"))
+        control("-z", pid)
+        if command is not None:
+            connection.send_command(*command, check_health=False)
+            # A refusal costs what it costs, and the replay goes on.
+            with contextlib.suppress(redis.ResponseError):
+                connection.read_response()
+        control("-d", pid)
+        return dumped(out, pid, before)
+
+    try:
+        from saga.store_scripts import script_sources
+
+        for text in script_sources().values():
+            client.script_load(text)
+        idle = min(counted(None) for _ in range(replays * 2))
+        table: dict[str, list[tuple[str, int]]] = {}
+        for path, (run_id, commands) in runs.items():
+            least = [sys.maxsize] * len(commands)
+            for replay in range(replays):
+                renamed = f"{run_id[:-8]}{replay:04d}{path[:4]}".encode()
+                for k, command in enumerate(commands):
+                    count = counted([arg.replace(run_id.encode(), renamed) for arg in command])
+                    least[k] = min(least[k], count)
+            labels = [
+                names.get(c[1].decode(), "script") if c[0].upper() == b"EVALSHA" else c[0].decode()
+                for c in commands
+            ]
+            counts = [max(n - idle, 0) for n in least]
+            table[path] = list(zip(labels, counts, strict=True))
+        return table
+    finally:
+        connection.disconnect()
+        client.close()
+        server.stop()
 
 
 def current_roles() -> dict[str, str]:
@@ -216,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument(
+        "--instructions", action="store_true", help="Redis's instructions per command, replayed"
+    )
+    parser.add_argument("--replays", type=int, default=3, help="with --instructions")
     args = parser.parse_args(argv)
     from saga.testing import RedisServer, WorkerProcess
 
@@ -231,10 +346,19 @@ def main(argv: list[str] | None = None) -> int:
         worker.start()
         for fail in (False, True, False, True):  # warm-up: every script loaded, every pool
             trace(fail)
-        results = {"happy": trace(False)[1], "fail": trace(True)[1]}
+        if args.instructions:
+            captured = {}
+            for path, fail in (("happy", False), ("fail", True)):
+                run_id, lines, roles = monitored(fail)
+                captured[path] = (run_id, sent_by_the_run(lines, roles))
+        else:
+            results = {"happy": trace(False)[1], "fail": trace(True)[1]}
     finally:
         worker.stop()
         server.stop()
+    if args.instructions:
+        print_instructions(replay_instructions(captured, args.replays), args.replays)
+        return 0
     if args.json:
         print(json.dumps({path: summary(traced) for path, traced in results.items()}))
     elif args.markdown:
@@ -245,6 +369,25 @@ def main(argv: list[str] | None = None) -> int:
         for path, traced in results.items():
             print(path, summary(traced))
     return 0
+
+
+def print_instructions(table: dict[str, list[tuple[str, int]]], replays: int) -> None:
+    print(
+        f"Redis's instructions per command of one run (thousands; the least of {replays} "
+        "replays, less a window with no command)"
+    )
+    for path, rows in table.items():
+        print(f"{path}:")
+        for label, count in rows:
+            print(f"  {label:<22}{count / 1000:>8.1f}")
+        scripts = [count for label, count in rows if label[0].islower()]
+        plain = [count for label, count in rows if not label[0].islower()]
+        print(
+            f"  {path}: {sum(scripts) / 1e6:.2f} M in {len(scripts)} scripts "
+            f"({sum(scripts) / max(len(scripts), 1) / 1000:.0f} k each), "
+            f"{sum(plain) / 1e6:.2f} M in {len(plain)} plain commands; "
+            f"all {sum(c for _, c in rows) / 1e6:.2f} M"
+        )
 
 
 if __name__ == "__main__":

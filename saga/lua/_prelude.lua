@@ -6,13 +6,12 @@ local AGENT = KEYS[6]
 -- loop's scripts (ask_model, record_answer) take the turn's lease there instead.
 local SETTLED = KEYS[7]
 
--- One clock for every host: the Redis server's. Times are stored as seconds with microseconds.
-local function clock()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-local NOW = clock()
-local NOW_S = string.format('%.6f', NOW)
+-- One clock for every host: the Redis server's. Times are stored as seconds with microseconds,
+-- written from TIME's own digits: formatting a number costs Redis more than the rest of a
+-- small script's clock, and each script takes NOW (the number) only where it compares times.
+local TIME = redis.call('TIME')
+local NOW_S = TIME[1] .. '.' .. string.sub('00000' .. TIME[2], -6)
+local NOW = tonumber(NOW_S)
 
 -- The transition tables of saga/machine.py: a move they do not list is refused, loudly.
 -- (MOVES is one string of |machine:source:event=target entries: a plain search finds one.)
@@ -29,7 +28,7 @@ end
 local function notify()
   if SETTLED then
     redis.call('RPUSH', SETTLED, '1')
-    redis.call('EXPIRE', SETTLED, 300)
+    redis.call('EXPIRE', SETTLED, '300')
   end
 end
 
@@ -93,8 +92,8 @@ end
 local function push_undo(n, entry)
   if entry ~= '' then
     redis.call('RPUSH', STACK, entry)
-    redis.call('HSET', COMPS, n .. ':state', 'pending', n .. ':attempts', 0,
-      n .. ':round_start', 0, n .. ':entry', entry)
+    redis.call('HSET', COMPS, n .. ':state', 'pending', n .. ':attempts', '0',
+      n .. ':round_start', '0', n .. ':entry', entry)
   end
 end
 

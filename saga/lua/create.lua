@@ -6,13 +6,13 @@
 -- tag) are written by the caller, before this script, in the same round trip.
 if redis.call('EXISTS', RUN) == 1 then return 0 end
 local created = ARGV[5]
-redis.call('HSET', RUN, 'state', 'running', 'version', 0, 'next_step', 0, 'pivot', '',
-  'reason', '', 'owner', '', 'sent', '0', 'generation', 0, 'created', created,
+redis.call('HSET', RUN, 'state', 'running', 'version', '0', 'next_step', '0', 'pivot', '',
+  'reason', '', 'owner', '', 'sent', '0', 'generation', '0', 'created', created,
   'updated', created, 'ended', '', 'allow_after_pivot', ARGV[1], 'deadline', ARGV[2],
   'doubt', '', 'recorded', '', 'recorded_version', '0')
 if ARGV[3] and ARGV[3] ~= '' then
   redis.call('HSET', AGENT, 'name', ARGV[3], 'input', ARGV[4], 'created', created,
-    'model_calls', 0, 'tokens_in', 0, 'tokens_out', 0, 'bytes', string.len(ARGV[4]))
+    'model_calls', '0', 'tokens_in', '0', 'tokens_out', '0', 'bytes', string.len(ARGV[4]))
   if ARGV[6] == '1' then redis.call('HSET', AGENT, 'deadline_open', '1') end
 end
 return 1

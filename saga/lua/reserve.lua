@@ -29,9 +29,12 @@ if ARGV[4] ~= '' or before_pivot then  -- (a gate with nothing to check reads no
     if blocking[inflight[i]] or (before_pivot and inflight[i] == '5') then return {'refused'} end
   end
 end
-local n = tonumber(run[4]) + 1
+-- The step's number, written once: Redis formats a number each time one is joined to a
+-- string or passed to a command.
+local step = tonumber(run[4]) + 1
+local n = tostring(step)
 local fields = {n .. ':tool', ARGV[1], n .. ':class', ARGV[2], n .. ':args', ARGV[3],
-  n .. ':state', 'dispatched', n .. ':attempts', 0, n .. ':at', NOW_S}
+  n .. ':state', 'dispatched', n .. ':attempts', '0', n .. ':at', NOW_S}
 if marker ~= '' then
   table.insert(fields, 'call:' .. marker); table.insert(fields, n)
   table.insert(fields, n .. ':call'); table.insert(fields, marker)
@@ -42,8 +45,8 @@ end
 redis.call('HSET', STEPS, unpack(fields))
 redis.call('HSET', INFLIGHT, n, ARGV[2])
 bump_from(run[5], {'next_step', n})
-if ARGV[8] and tonumber(ARGV[8]) == n then
+if ARGV[8] and tonumber(ARGV[8]) == step then
   redis.call('LPUSH', KEYS[7], ARGV[9])
-  return {'ok', n, 'sent'}
+  return {'ok', step, 'sent'}
 end
-return {'ok', n}
+return {'ok', step}
