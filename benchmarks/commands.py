@@ -46,7 +46,7 @@ _LINE = re.compile(
 
 def script_names() -> dict[str, str]:
     """sha1 -> script name, as RunStore loads them."""
-    from saga.store_scripts import script_sources
+    from saga.script_sources import script_sources
 
     return {
         hashlib.sha1(text.encode()).hexdigest(): name for name, text in script_sources().items()
@@ -230,7 +230,7 @@ def replay_instructions(
         return dumped(out, pid, before)
 
     try:
-        from saga.store_scripts import script_sources
+        from saga.script_sources import script_sources
 
         for text in script_sources().values():
             client.script_load(text)

@@ -20,6 +20,7 @@ from typing import Any
 from saga.constants import LOOK_AFTER_EXPIRY, IndexLayout
 from saga.picture import CompensationRecord, RunPicture, RunView, StepRecord
 from saga.redis_urls import redis_client
+from saga.script_sources import script_sources as script_sources
 from saga.settings import Settings
 from saga.store_indexes import UNSHARDED_INDEXES as UNSHARDED_INDEXES
 from saga.store_indexes import RunIndexes
@@ -38,7 +39,6 @@ from saga.store_scripts import queue_script as queue_script
 from saga.store_scripts import raise_first_error as raise_first_error
 from saga.store_scripts import reachable as reachable
 from saga.store_scripts import script_missing as script_missing
-from saga.store_scripts import script_sources as script_sources
 from saga.store_scripts import still_missing as still_missing
 from saga.store_transitions import REVOKE_KILLED as REVOKE_KILLED
 from saga.store_transitions import ChainPush, Conclusion, RunTransitions, StepPush

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from saga.store_scripts import script_sources
+from saga.script_sources import script_sources
 
 LUA = Path(__file__).resolve().parents[2] / "saga" / "lua"
 PRELUDE = (LUA / "_prelude.lua").read_text()
