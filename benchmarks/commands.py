@@ -201,7 +201,8 @@ def replay_instructions(
 ) -> dict[str, list[tuple[str, int]]]:
     """Each run's commands replayed ``replays`` times on a redis-server under callgrind, the
     run id renamed each time: (label, instructions) per command, the least of its replays
-    less the least of as many windows with no command."""
+    less the least of twice as many windows with no command. callgrind's files are removed."""
+    import shutil
     import tempfile
 
     import redis
@@ -254,6 +255,7 @@ def replay_instructions(
         connection.disconnect()
         client.close()
         server.stop()
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def current_roles() -> dict[str, str]:
